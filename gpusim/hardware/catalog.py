@@ -1,0 +1,202 @@
+"""Load hardware profiles from YAML and find them by name or alias.
+
+Names are matched loosely (case, spaces, dashes and underscores ignored), so ``h100``,
+``h100-sxm`` and ``H100 SXM5 80GB`` all resolve when the profile lists them. An unknown name
+raises ``UnknownHardware`` with the closest matches.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import ValidationError
+
+from gpusim.errors import InvalidProfile, UnknownHardware
+from gpusim.hardware.profile import (
+    CPUProfile,
+    DeviceProfile,
+    GPUProfile,
+    HardwareProfile,
+    LinkProfile,
+    SystemProfile,
+)
+
+_KINDS: dict[str, type[HardwareProfile]] = {
+    "gpu": GPUProfile,
+    "cpu": CPUProfile,
+    "link": LinkProfile,
+    "system": SystemProfile,
+}
+_FOLDERS = {"gpus": "gpu", "cpus": "cpu", "links": "link", "systems": "system"}
+
+P = TypeVar("P", bound=HardwareProfile)
+
+
+def profiles_dir() -> Path:
+    """Where the shipped profiles live; ``GPUSIM_PROFILES_DIR`` overrides it."""
+    override = os.environ.get("GPUSIM_PROFILES_DIR")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / "hardware_profiles"
+
+
+def normalize(name: str) -> str:
+    """The key a name is matched by: lowercase letters and digits only."""
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that keeps dates as strings (``2024-05`` and ``2024-05-01`` alike)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    key: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``, or InvalidProfile naming the file and the problem."""
+    try:
+        data = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except FileNotFoundError as exc:
+        raise InvalidProfile(f"{path}: no such file") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidProfile(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from exc
+    if not isinstance(data, dict):
+        raise InvalidProfile(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    """One line per broken field: where it is and which rule it breaks."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        problems.append(f"{where}: {err['msg']}")
+    return f"{source}: " + "; ".join(problems)
+
+
+def parse_profile(data: dict[str, Any], source: str, kind: str | None = None) -> HardwareProfile:
+    """Validate one profile mapping; ``kind`` defaults to the mapping's own ``kind`` field."""
+    kind = kind or data.get("kind")
+    if kind not in _KINDS:
+        raise InvalidProfile(
+            f"{source}: kind must be one of {', '.join(_KINDS)} (got {data.get('kind')!r})"
+        )
+    data = {**data, "kind": kind}
+    try:
+        return _KINDS[kind].model_validate(data)
+    except ValidationError as exc:
+        raise InvalidProfile(format_validation_error(source, exc)) from exc
+
+
+def load_profile_file(path: str | Path) -> HardwareProfile:
+    """Load and validate one profile file (what ``gpusim profiles check`` does)."""
+    path = Path(path)
+    data = read_yaml(path)
+    folder_kind = _FOLDERS.get(path.parent.name)
+    profile = parse_profile(data, str(path), data.get("kind", folder_kind))
+    if path.parent.name in _FOLDERS and path.stem != profile.name:
+        raise InvalidProfile(f"{path}: file name must match name {profile.name!r}")
+    return profile
+
+
+class Catalog:
+    """Every profile of a directory tree, indexed by normalized name and alias."""
+
+    def __init__(self, profiles: list[HardwareProfile]) -> None:
+        self._by_name: dict[str, HardwareProfile] = {}
+        self._index: dict[str, HardwareProfile] = {}
+        for profile in profiles:
+            if profile.name in self._by_name:
+                raise InvalidProfile(f"two profiles are named {profile.name!r}")
+            self._by_name[profile.name] = profile
+        for profile in profiles:
+            for key in {normalize(profile.name), normalize(profile.full_name)} | {
+                normalize(a) for a in profile.aliases
+            }:
+                other = self._index.get(key)
+                if other is not None and other is not profile:
+                    raise InvalidProfile(
+                        f"{key!r} names both {other.name!r} and {profile.name!r}"
+                    )
+                self._index[key] = profile
+
+    @classmethod
+    def from_dir(cls, root: Path) -> Catalog:
+        profiles: list[HardwareProfile] = []
+        for folder in _FOLDERS:
+            for path in sorted((root / folder).glob("*.yaml")):
+                profiles.append(load_profile_file(path))
+        return cls(profiles)
+
+    def all(self, kind: type[P]) -> list[P]:
+        return [p for p in self._by_name.values() if isinstance(p, kind)]
+
+    def get(self, name: str, kind: type[P]) -> P:
+        found = self._index.get(normalize(name))
+        if isinstance(found, kind):
+            return found
+        candidates = [p for p in self._by_name.values() if isinstance(p, kind)]
+        keys = {normalize(a): p.name for p in candidates for a in [p.name, *p.aliases]}
+        close = difflib.get_close_matches(normalize(name), list(keys), n=3, cutoff=0.5)
+        suggestions = sorted({keys[c] for c in close})
+        label = _LABELS.get(kind, "hardware")
+        hint = (
+            f"; did you mean {' or '.join(suggestions)}?"
+            if suggestions
+            else f"; `gpusim profiles list` shows the {len(candidates)} known"
+        )
+        raise UnknownHardware(f"unknown {label} {name!r}{hint}")
+
+
+_LABELS: dict[type[Any], str] = {
+    GPUProfile: "GPU",
+    CPUProfile: "CPU",
+    DeviceProfile: "device (GPU or CPU)",
+    LinkProfile: "link",
+    SystemProfile: "system",
+}
+
+
+@lru_cache(maxsize=4)
+def _catalog_at(root: str) -> Catalog:
+    return Catalog.from_dir(Path(root))
+
+
+def catalog() -> Catalog:
+    """The catalog of the shipped profiles (loaded once per process)."""
+    return _catalog_at(str(profiles_dir()))
+
+
+def load_device(name_or_path: str) -> DeviceProfile:
+    """A GPU or CPU by name or alias, or from a YAML file path."""
+    if name_or_path.endswith((".yaml", ".yml")):
+        profile = load_profile_file(name_or_path)
+        if not isinstance(profile, DeviceProfile):
+            raise InvalidProfile(f"{name_or_path}: is a {profile.kind} profile, not a GPU or CPU")
+        return profile
+    return catalog().get(name_or_path, DeviceProfile)
+
+
+def load_gpu(name: str) -> GPUProfile:
+    return catalog().get(name, GPUProfile)
+
+
+def load_cpu(name: str) -> CPUProfile:
+    return catalog().get(name, CPUProfile)
+
+
+def load_link(name: str) -> LinkProfile:
+    return catalog().get(name, LinkProfile)
+
+
+def load_system(name: str) -> SystemProfile:
+    return catalog().get(name, SystemProfile)

@@ -1,0 +1,270 @@
+"""Schemas of hardware profiles: devices (GPUs and CPUs), links, systems and prices.
+
+Profiles are data: one YAML file per item under ``hardware_profiles/``. Every figure a file
+states must name its source in ``sources`` (keyed by field name, or ``field.key`` for one entry
+of a per-precision table), so a datasheet number can always be traced. Fitted efficiencies
+never live here; they live in calibration files (see ``gpusim.hardware.calibration``).
+
+Units are in the key names; the properties at the bottom of each class convert to SI.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpusim import units
+
+Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+PRECISIONS: tuple[Precision, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+
+Positive = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+_NAME = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
+_DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
+
+
+# Fields that describe rather than measure need no source.
+_UNSOURCED = frozenset(
+    {"kind", "name", "full_name", "aliases", "sources", "notes", "vendor", "architecture",
+     "cloud_prices", "family", "generation", "gpu", "cpu", "intra_node_link",
+     "inter_node_link", "host_link", "intra_node_topology"}
+)
+
+
+class Frozen(BaseModel):
+    """Base of every record: immutable, and unknown keys are errors (catches typos in files)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PriceQuote(Frozen):
+    """An on-demand cloud price for one device, as a provider listed it on a date."""
+
+    usd_per_hour: Positive
+    provider: str
+    date: str = Field(description="YYYY-MM or YYYY-MM-DD")
+    source: str
+
+    @model_validator(mode="after")
+    def _date_format(self) -> PriceQuote:
+        if not _DATE.match(self.date):
+            raise ValueError(f"date {self.date!r} must be YYYY-MM or YYYY-MM-DD")
+        return self
+
+
+class Profile(Frozen):
+    """Fields every profile shares: a short name, a long name, aliases and sources."""
+
+    name: str = Field(description="short lowercase name, also the file name")
+    full_name: str
+    aliases: list[str] = []
+    sources: dict[str, str] = Field(
+        default_factory=dict, description="field (or field.key) -> where the figure comes from"
+    )
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _check_name_and_sources(self) -> Profile:
+        if not _NAME.match(self.name):
+            raise ValueError(
+                f"name {self.name!r} must be lowercase letters, digits, '.', '+' or '-'"
+            )
+        for field_name in type(self).model_fields:
+            if field_name in _UNSOURCED:
+                continue
+            value = getattr(self, field_name)
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                for key in value:
+                    if field_name not in self.sources and f"{field_name}.{key}" not in self.sources:
+                        raise ValueError(
+                            f"{field_name}.{key} has no source: add sources.{field_name} "
+                            f"or sources.{field_name}.{key}"
+                        )
+            elif field_name not in self.sources:
+                raise ValueError(f"{field_name} has no source: add sources.{field_name}")
+        return self
+
+
+class DeviceProfile(Profile):
+    """What the cost model needs of any device that trains: GPU or CPU.
+
+    ``matrix_tflops`` are dense peaks of matrix units (tensor cores, AMX); ``vector_tflops``
+    dense peaks of the ordinary cores (CUDA cores, SIMD lanes). Sparse figures are never used.
+    """
+
+    vendor: str
+    architecture: str
+    compute_units: PositiveInt = Field(description="SMs, CUs or CPU cores")
+    boost_clock_mhz: Positive
+    base_clock_mhz: Positive | None = None
+    vector_tflops: dict[Precision, Positive]
+    matrix_tflops: dict[Precision, Positive] = {}
+    memory_gib: Positive
+    memory_bandwidth_gb_s: Positive
+    tdp_w: Positive
+    launch_price_usd: Positive | None = None
+    launch_date: str | None = None
+    cloud_prices: list[PriceQuote] = []
+
+    @model_validator(mode="after")
+    def _check_device(self) -> DeviceProfile:
+        if "fp32" not in self.vector_tflops:
+            raise ValueError("vector_tflops must state fp32")
+        if self.base_clock_mhz is not None and self.base_clock_mhz > self.boost_clock_mhz:
+            raise ValueError(
+                f"base_clock_mhz {self.base_clock_mhz} exceeds boost_clock_mhz "
+                f"{self.boost_clock_mhz}"
+            )
+        if self.launch_date is not None and not _DATE.match(self.launch_date):
+            raise ValueError(f"launch_date {self.launch_date!r} must be YYYY-MM or YYYY-MM-DD")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        return units.gib(self.memory_gib)
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Peak memory bandwidth, bytes/s."""
+        return units.gb_s(self.memory_bandwidth_gb_s)
+
+    @property
+    def tdp(self) -> float:
+        """Board power in watts."""
+        return self.tdp_w
+
+    @property
+    def is_gpu(self) -> bool:
+        return False
+
+    def peak_flops(self, precision: Precision, *, matrix: bool) -> tuple[float, str]:
+        """The peak FLOP/s this device reaches for ``precision`` and which unit gives it.
+
+        Matrix work uses the matrix units when they support the precision; otherwise it falls
+        back to the vector units at the best precision they run (fp16 on a GPU without fp16
+        math runs at fp32 rate, as frameworks do).
+        """
+        if matrix and precision in self.matrix_tflops:
+            return units.tflops(self.matrix_tflops[precision]), "matrix"
+        for candidate in _VECTOR_FALLBACK[precision]:
+            if candidate in self.vector_tflops:
+                return units.tflops(self.vector_tflops[candidate]), "vector"
+        return units.tflops(self.vector_tflops["fp32"]), "vector"
+
+    def cloud_price_usd_per_hour(self) -> PriceQuote | None:
+        """The lowest listed on-demand price, or None when no provider lists one."""
+        if not self.cloud_prices:
+            return None
+        return min(self.cloud_prices, key=lambda q: q.usd_per_hour)
+
+
+# Which vector rate a precision runs at when no matrix unit takes it (tf32 is a matrix-unit
+# format; on vector units the work happens in fp32).
+_VECTOR_FALLBACK: dict[str, tuple[str, ...]] = {
+    "fp64": ("fp64",),
+    "fp32": ("fp32",),
+    "tf32": ("fp32",),
+    "fp16": ("fp16", "fp32"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp8": ("fp8", "fp16", "fp32"),
+    "int8": ("int8", "fp32"),
+}
+
+
+class GPUProfile(DeviceProfile):
+    """A GPU or accelerator board, from its datasheet and whitepaper."""
+
+    kind: Literal["gpu"] = "gpu"
+    cuda_cores: PositiveInt | None = Field(None, description="FP32 lanes (stream processors)")
+    tensor_cores: PositiveInt | None = None
+    l2_cache_mib: Positive | None = None
+    pcie_gen: Annotated[int, Field(ge=1, le=6)]
+    nvlink_bandwidth_gb_s: Positive | None = Field(
+        None, description="total NVLink/Infinity Fabric bandwidth per GPU, both directions"
+    )
+    nvlink_generation: Annotated[int, Field(ge=1, le=6)] | None = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return True
+
+    @property
+    def l2_bytes(self) -> float:
+        return units.mib(self.l2_cache_mib) if self.l2_cache_mib else 0.0
+
+
+class CPUProfile(DeviceProfile):
+    """A CPU package as a training device: cores, clock, SIMD width and memory system.
+
+    ``memory_gib`` is the memory of the configuration the profile describes (a CPU has no fixed
+    memory size); ``compute_units`` counts physical cores.
+    """
+
+    kind: Literal["cpu"] = "cpu"
+    threads: PositiveInt
+    simd_width_bits: Literal[128, 256, 512]
+    fma_units_per_core: PositiveInt
+    memory_channels: PositiveInt | None = None
+    l3_cache_mib: Positive | None = None
+
+    @model_validator(mode="after")
+    def _check_fp32_peak(self) -> CPUProfile:
+        # Peak = cores x clock x lanes x 2 (FMA) x FMA units; a stated figure far from that is a
+        # typo (allow for the lower all-core AVX clocks vendors use).
+        lanes = self.simd_width_bits // 32
+        derived = (
+            self.compute_units * self.boost_clock_mhz * 1e6 * lanes * 2 * self.fma_units_per_core
+        )
+        stated = units.tflops(self.vector_tflops["fp32"])
+        if not 0.3 * derived <= stated <= 1.05 * derived:
+            raise ValueError(
+                f"vector_tflops.fp32 {self.vector_tflops['fp32']} is inconsistent with cores x "
+                f"clock x SIMD lanes x 2 x FMA units = {derived / 1e12:.2f} TFLOP/s"
+            )
+        return self
+
+
+class LinkProfile(Profile):
+    """One kind of link: a PCIe x16 slot, one NVLink link, one InfiniBand port, one NIC."""
+
+    kind: Literal["link"] = "link"
+    family: Literal["pcie", "nvlink", "infinity-fabric", "infiniband", "ethernet"]
+    generation: str
+    bandwidth_gb_s: Positive = Field(description="per direction, per link or port")
+    latency_us: Positive
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes/s per direction."""
+        return units.gb_s(self.bandwidth_gb_s)
+
+    @property
+    def latency(self) -> float:
+        return units.us(self.latency_us)
+
+
+class SystemProfile(Profile):
+    """A node design: GPUs, how they are joined inside the node, and how nodes are joined."""
+
+    kind: Literal["system"] = "system"
+    gpu: str
+    gpus_per_node: PositiveInt
+    cpu: str | None = None
+    cpus_per_node: Annotated[int, Field(ge=0)] = 0
+    host_link: str = Field(description="link between host and each GPU (a PCIe profile)")
+    intra_node_link: str = Field(description="GPU-to-GPU link inside the node")
+    intra_node_links_per_gpu: PositiveInt = 1
+    intra_node_topology: Literal["nvswitch", "hybrid-cube-mesh", "pcie-switch", "full-mesh"]
+    inter_node_link: str | None = None
+    nics_per_node: Annotated[int, Field(ge=0)] = 0
+    host_memory_gib: Positive | None = None
+    power_w: Positive | None = None
+    launch_price_usd: Positive | None = None
+
+
+HardwareProfile = GPUProfile | CPUProfile | LinkProfile | SystemProfile

@@ -1,0 +1,151 @@
+"""Token layers: attention (plain or fused), embeddings and the language-model loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpusim.workload.layers import Layer
+from gpusim.workload.numerics import Numerics
+from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
+
+
+@dataclass(frozen=True)
+class Attention(Layer):
+    """Scaled dot-product attention after the Q, K, V projections.
+
+    ``fused`` is a FlashAttention-style kernel: scores never reach memory, the backward pass
+    recomputes them (5 matrix products against forward's 2). Unfused attention writes the
+    ``seq x seq`` scores, runs softmax (and dropout) over them and keeps them for backward.
+    ``causal`` halves the work of a fused kernel, which skips masked tiles.
+    """
+
+    heads: int
+    head_dim: int
+    seq: int
+    kv_heads: int = 0
+    causal: bool = False
+    fused: bool = True
+    dropout: bool = False
+
+    @property
+    def _kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def out_elements(self) -> int:
+        return self.seq * self.heads * self.head_dim
+
+    def _qkvo_elements(self, n: int) -> float:
+        """Q and O at full heads, K and V at ``kv_heads`` (grouped-query attention)."""
+        return n * self.seq * self.head_dim * (2 * self.heads + 2 * self._kv)
+
+    def _fused_flops(self, n: int) -> float:
+        flops = 4.0 * n * self.heads * self.seq**2 * self.head_dim
+        return flops / 2 if self.causal else flops
+
+    def _score_gemms(self, n: int, names: tuple[str, ...], num: Numerics) -> list[Op]:
+        s, d, b = self.seq, self.head_dim, n * self.heads
+        shapes = {"qk": GemmShape(s, s, d, b), "av": GemmShape(s, d, s, b),
+                  "dv": GemmShape(s, d, s, b), "dp": GemmShape(s, s, d, b),
+                  "dq": GemmShape(s, d, s, b), "dk": GemmShape(s, d, s, b)}
+        return [gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes)
+                for key in names]
+
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        if self.fused:
+            return self._tag([Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
+                                 self._qkvo_elements(n) * num.act_bytes, num.matmul)])
+        scores = n * self.heads * self.seq**2
+        ops = self._score_gemms(n, ("qk",), num)
+        ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
+        if self.dropout:
+            ops.append(memory_op(f"{self.name}.dropout", scores, 1.25 * scores, num.act_bytes))
+        ops += self._score_gemms(n, ("av",), num)
+        return self._tag(ops)
+
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        if self.fused:
+            moved = (self._qkvo_elements(n) * 2) * num.act_bytes
+            return self._tag([Op(f"{self.name}.flash_bwd", "attention",
+                                 2.5 * self._fused_flops(n), moved, num.matmul)])
+        scores = n * self.heads * self.seq**2
+        ops = self._score_gemms(n, ("dv", "dp"), num)
+        if self.dropout:
+            ops.append(memory_op(f"{self.name}.dropout_bwd", 1.25 * scores, scores,
+                                 num.act_bytes))
+        ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores, num.act_bytes, 3))
+        ops += self._score_gemms(n, ("dq", "dk"), num)
+        return self._tag(ops)
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        saved = self._qkvo_elements(n) * num.act_bytes
+        if not self.fused:
+            scores = n * self.heads * self.seq**2
+            saved += scores * num.act_bytes * (1 + (0.25 if self.dropout else 0))
+        else:
+            saved += n * self.heads * self.seq * 4  # fp32 log-sum-exp per row
+        return saved
+
+
+@dataclass(frozen=True)
+class Embedding(Layer):
+    """A lookup table: gather rows in forward, scatter-add into a dense gradient in backward."""
+
+    num_embeddings: int
+    dim: int
+    rows: int = 1
+
+    @property
+    def params(self) -> int:
+        return self.num_embeddings * self.dim
+
+    @property
+    def out_elements(self) -> int:
+        return self.rows * self.dim
+
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        e = n * self.rows * self.dim
+        return self._tag([memory_op(f"{self.name}.gather", e, e, num.act_bytes, 0)])
+
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        return []  # indices have no gradient
+
+    def backward_weight(self, n: int, num: Numerics) -> list[Op]:
+        e = n * self.rows * self.dim
+        table = self.num_embeddings * self.dim
+        return self._tag([
+            memory_op(f"{self.name}.zero_grad_table", 0, table, DTYPE_BYTES["fp32"], 0),
+            memory_op(f"{self.name}.scatter_add", 2 * e, e, DTYPE_BYTES["fp32"]),
+        ])
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        return n * self.rows * DTYPE_BYTES["int64"]
+
+
+@dataclass(frozen=True)
+class CrossEntropy(Layer):
+    """Softmax cross-entropy over ``classes`` for ``rows`` predictions per sample.
+
+    Autocast runs it in fp32, so the logits are read once in the activation type and the
+    log-probabilities written and kept in fp32.
+    """
+
+    classes: int
+    rows: int = 1
+
+    @property
+    def out_elements(self) -> int:
+        return 1
+
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        e = n * self.rows * self.classes
+        moved = e * (num.act_bytes + 2 * DTYPE_BYTES["fp32"])
+        return self._tag([Op(f"{self.name}.fwd", "memory", 5 * e, moved, "fp32")])
+
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        e = n * self.rows * self.classes
+        moved = e * (DTYPE_BYTES["fp32"] + num.act_bytes)
+        return self._tag([Op(f"{self.name}.bwd", "memory", 2 * e, moved, "fp32")])
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        return n * self.rows * self.classes * DTYPE_BYTES["fp32"]

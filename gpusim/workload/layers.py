@@ -1,0 +1,248 @@
+"""Layers: parameters, saved activations, and the ops of forward and backward.
+
+Every layer knows its per-sample shapes, fixed when the model is built, so ``forward(n, num)``
+needs only the batch ``n`` and the numerics. The backward pass splits into the input
+gradient (needed unless every layer below is frozen) and the weight gradient (skipped for
+frozen layers).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from gpusim.workload.numerics import Numerics
+from gpusim.workload.ops import GemmShape, Op, gemm_op, memory_op
+
+
+@dataclass(frozen=True)
+class Layer(ABC):
+    """A named layer. ``block`` groups layers for activation checkpointing (e.g. ``h.3``)."""
+
+    name: str
+    block: str = field(default="", kw_only=True)
+
+    @property
+    def params(self) -> int:
+        return 0
+
+    @property
+    def out_elements(self) -> int:
+        """Output elements per sample."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        """Ops of the forward pass for a batch of ``n`` samples."""
+
+    @abstractmethod
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        """Ops computing the gradient with respect to the layer's input."""
+
+    def backward_weight(self, n: int, num: Numerics) -> list[Op]:
+        """Ops computing the gradient with respect to the layer's parameters."""
+        return []
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        """Bytes this layer keeps from forward until its backward runs."""
+        return 0.0
+
+    def _tag(self, ops: list[Op]) -> list[Op]:
+        return [Op(o.name, o.kind, o.flops, o.bytes, o.math, self.name, o.phase, o.gemm)
+                for o in ops]
+
+
+@dataclass(frozen=True)
+class Linear(Layer):
+    """y = x W^T + b over ``rows`` rows per sample (tokens for a transformer, 1 for an MLP)."""
+
+    in_features: int
+    out_features: int
+    rows: int = 1
+    bias: bool = True
+    shared: bool = False  # weights tied to another layer's (a GPT-2 head): computed, not counted
+
+    @property
+    def params(self) -> int:
+        if self.shared:
+            return 0
+        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+    @property
+    def out_elements(self) -> int:
+        return self.rows * self.out_features
+
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        shape = GemmShape(n * self.rows, self.out_features, self.in_features)
+        return self._tag([gemm_op(f"{self.name}.fwd", shape, num.matmul, num.act_bytes)])
+
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        shape = GemmShape(n * self.rows, self.in_features, self.out_features)
+        return self._tag([gemm_op(f"{self.name}.dgrad", shape, num.matmul, num.act_bytes)])
+
+    def backward_weight(self, n: int, num: Numerics) -> list[Op]:
+        shape = GemmShape(self.out_features, self.in_features, n * self.rows)
+        return self._tag([gemm_op(f"{self.name}.wgrad", shape, num.matmul, num.act_bytes)])
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        return n * self.rows * self.in_features * num.act_bytes
+
+
+@dataclass(frozen=True)
+class Conv2d(Layer):
+    """A 2-D convolution, lowered to an implicit GEMM as cuDNN does."""
+
+    in_channels: int
+    out_channels: int
+    kernel: int
+    height: int
+    width: int
+    stride: int = 1
+    padding: int = 0
+    groups: int = 1
+    bias: bool = False
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        ho = (self.height + 2 * self.padding - self.kernel) // self.stride + 1
+        wo = (self.width + 2 * self.padding - self.kernel) // self.stride + 1
+        return ho, wo
+
+    @property
+    def params(self) -> int:
+        weights = self.out_channels * self.in_channels // self.groups * self.kernel**2
+        return weights + (self.out_channels if self.bias else 0)
+
+    @property
+    def out_elements(self) -> int:
+        ho, wo = self.out_hw
+        return self.out_channels * ho * wo
+
+    def _bytes(self, n: int, num: Numerics) -> float:
+        """Input, weights and output once each: the implicit GEMM never writes im2col."""
+        inputs = n * self.in_channels * self.height * self.width
+        return num.act_bytes * (inputs + self.params + n * self.out_elements)
+
+    def _conv(self, name: str, shape: GemmShape, n: int, num: Numerics) -> Op:
+        op = gemm_op(name, shape, num.conv, num.act_bytes, kind="conv")
+        return Op(op.name, op.kind, op.flops, self._bytes(n, num), op.math, gemm=shape)
+
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        ho, wo = self.out_hw
+        k = self.in_channels // self.groups * self.kernel**2
+        shape = GemmShape(n * ho * wo, self.out_channels // self.groups, k, self.groups)
+        return self._tag([self._conv(f"{self.name}.fwd", shape, n, num)])
+
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        ho, wo = self.out_hw
+        k = self.out_channels // self.groups * self.kernel**2
+        shape = GemmShape(n * ho * wo, self.in_channels // self.groups, k, self.groups)
+        return self._tag([self._conv(f"{self.name}.dgrad", shape, n, num)])
+
+    def backward_weight(self, n: int, num: Numerics) -> list[Op]:
+        ho, wo = self.out_hw
+        shape = GemmShape(self.out_channels // self.groups,
+                          self.in_channels // self.groups * self.kernel**2, n * ho * wo,
+                          self.groups)
+        return self._tag([self._conv(f"{self.name}.wgrad", shape, n, num)])
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        return n * self.in_channels * self.height * self.width * num.act_bytes
+
+
+@dataclass(frozen=True)
+class Elementwise(Layer):
+    """A layer bound by memory traffic: ``elements`` per sample in and out.
+
+    ``reads``/``writes`` count passes over the tensor in forward; ``bwd_reads``/``bwd_writes``
+    in backward; ``saves`` how many such tensors stay for backward (bytes each given by
+    ``saved_element_bytes``, or the activation type when 0); ``flops_per_element`` the
+    arithmetic per output element.
+    """
+
+    elements: int
+    reads: float = 1.0
+    writes: float = 1.0
+    bwd_reads: float = 2.0
+    bwd_writes: float = 1.0
+    saves: float = 1.0
+    saved_element_bytes: float = 0.0
+    flops_per_element: float = 1.0
+    param_count: int = 0
+    has_backward_kernel: bool = True
+
+    @property
+    def params(self) -> int:
+        return self.param_count
+
+    @property
+    def out_elements(self) -> int:
+        return self.elements
+
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        e = n * self.elements
+        return self._tag([memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e,
+                                    num.act_bytes, self.flops_per_element)])
+
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        if not self.has_backward_kernel:
+            return []
+        e = n * self.elements
+        return self._tag([memory_op(f"{self.name}.bwd", self.bwd_reads * e,
+                                    self.bwd_writes * e, num.act_bytes,
+                                    2 * self.flops_per_element)])
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        size = self.saved_element_bytes or num.act_bytes
+        return self.saves * n * self.elements * size
+
+
+def relu(name: str, elements: int, *, block: str = "") -> Elementwise:
+    return Elementwise(name, elements, block=block)
+
+
+def gelu(name: str, elements: int, *, block: str = "") -> Elementwise:
+    return Elementwise(name, elements, flops_per_element=8, block=block)
+
+
+def swiglu(name: str, elements: int, *, block: str = "") -> Elementwise:
+    """silu(a) * b on two inputs of ``elements`` each, one output."""
+    return Elementwise(name, elements, reads=2, bwd_reads=3, bwd_writes=2, saves=2,
+                       flops_per_element=6, block=block)
+
+
+def dropout(name: str, elements: int, *, block: str = "") -> Elementwise:
+    """Keeps a one-byte mask; writes the mask in forward, reads it in backward."""
+    return Elementwise(name, elements, writes=1.25, bwd_reads=1.25, saves=1,
+                       saved_element_bytes=1, block=block)
+
+
+def residual_add(name: str, elements: int, *, block: str = "") -> Elementwise:
+    """x + f(x); in backward the gradient fans out and autograd accumulates it once."""
+    return Elementwise(name, elements, reads=2, bwd_reads=2, saves=0, block=block)
+
+
+def batch_norm(name: str, channels: int, elements: int, *, block: str = "") -> Elementwise:
+    """Training-mode batch norm: a statistics pass, then normalize (cuDNN's two-pass kernels)."""
+    return Elementwise(name, elements, reads=2, bwd_reads=3, flops_per_element=4,
+                       param_count=2 * channels, block=block)
+
+
+def layer_norm(name: str, width: int, rows: int, *, block: str = "") -> Elementwise:
+    return Elementwise(name, width * rows, flops_per_element=5, param_count=2 * width,
+                       block=block)
+
+
+def rms_norm(name: str, width: int, rows: int, *, block: str = "") -> Elementwise:
+    return Elementwise(name, width * rows, flops_per_element=4, param_count=width, block=block)
+
+
+def softmax(name: str, elements: int, *, block: str = "") -> Elementwise:
+    return Elementwise(name, elements, flops_per_element=5, block=block)
+
+
+def pool(name: str, in_elements: int, out_elements: int, *, block: str = "") -> Elementwise:
+    """Max or average pooling: reads the input, writes the (smaller) output."""
+    ratio = in_elements / max(out_elements, 1)
+    return Elementwise(name, out_elements, reads=ratio, bwd_reads=1 + ratio / 4,
+                       bwd_writes=ratio, saves=ratio, block=block)

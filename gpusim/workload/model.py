@@ -1,0 +1,70 @@
+"""A model: an ordered list of layers, what one sample is, and totals derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from gpusim.workload.layers import Layer
+from gpusim.workload.numerics import FP32, Numerics
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One training sample as the input pipeline sees it.
+
+    ``host_bytes`` is what is copied to the device per sample (uint8 images, int64 tokens);
+    ``loader_cpu_s`` the CPU time a data-loader worker spends preparing one sample (decode,
+    augment, collate). Both are stated assumptions of the zoo entry, printed with every
+    estimate.
+    """
+
+    host_bytes: float
+    loader_cpu_s: float
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A trainable network. ``tokens_per_sample`` is set for language models (the sequence)."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    input: InputSpec
+    family: Literal["mlp", "cnn", "transformer", "custom"] = "custom"
+    tokens_per_sample: int | None = None
+    description: str = ""
+    source: str = ""
+
+    @cached_property
+    def parameters(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @cached_property
+    def forward_flops_per_sample(self) -> float:
+        """FLOPs of one sample's forward pass (a multiply-add counts 2)."""
+        return sum(op.flops for layer in self.layers for op in layer.forward(1, FP32))
+
+    @cached_property
+    def training_flops_per_sample(self) -> float:
+        """Forward plus full backward (input and weight gradients) for one sample."""
+        total = 0.0
+        for layer in self.layers:
+            ops = layer.forward(1, FP32) + layer.backward_input(1, FP32)
+            ops += layer.backward_weight(1, FP32)
+            total += sum(op.flops for op in ops)
+        return total
+
+    def activation_bytes(self, n: int, num: Numerics) -> float:
+        """Bytes kept for backward by a batch of ``n`` with no checkpointing."""
+        return sum(layer.saved_bytes(n, num) for layer in self.layers)
+
+    @property
+    def blocks(self) -> list[str]:
+        """Checkpointable blocks in order of appearance."""
+        seen: dict[str, None] = {}
+        for layer in self.layers:
+            if layer.block:
+                seen.setdefault(layer.block)
+        return list(seen)

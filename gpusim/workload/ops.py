@@ -1,0 +1,92 @@
+"""Ops: the kernels a layer launches, with the FLOP and byte rules of each kind.
+
+An ``Op`` is one GPU kernel (or one CPU operator) with concrete FLOPs and bytes for a given
+batch and precision. Layers produce ops for the forward pass, the input-gradient and the
+weight-gradient halves of the backward pass; the cost model turns each op into seconds.
+
+Conventions: a multiply-add is 2 FLOP; bytes count every read and write of global memory
+once (what a well-fused kernel moves); matrix products are (m x k) @ (k x n), ``batch`` times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+OpKind = Literal["gemm", "conv", "attention", "memory"]
+Phase = Literal["forward", "backward", "optimizer", "recompute"]
+
+# Bytes per element of each storage type.
+DTYPE_BYTES: dict[str, int] = {
+    "fp64": 8,
+    "fp32": 4,
+    "tf32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int64": 8,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    """A (batched) matrix product: ``batch`` independent (m x k) @ (k x n) products."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    def bytes(self, element_bytes: float) -> float:
+        """Operands read once and the result written once."""
+        return element_bytes * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel: what it computes, how much, and where it belongs in the step.
+
+    ``math`` is the precision the arithmetic runs in (it picks tensor cores or ordinary cores);
+    ``gemm`` is set for matrix products and convolutions (as implicit GEMMs), which the cost
+    model quantizes into tiles and waves.
+    """
+
+    name: str
+    kind: OpKind
+    flops: float
+    bytes: float
+    math: str
+    layer: str = ""
+    phase: Phase = "forward"
+    gemm: GemmShape | None = None
+
+    def with_phase(self, phase: Phase) -> Op:
+        return Op(self.name, self.kind, self.flops, self.bytes, self.math, self.layer, phase,
+                  self.gemm)
+
+
+def gemm_op(name: str, shape: GemmShape, math: str, element_bytes: float,
+            kind: OpKind = "gemm") -> Op:
+    """A matrix product (or a convolution lowered to one)."""
+    return Op(name, kind, shape.flops, shape.bytes(element_bytes), math, gemm=shape)
+
+
+def memory_op(name: str, elements_read: float, elements_written: float, element_bytes: float,
+              flops_per_element: float = 1.0) -> Op:
+    """An elementwise, normalization, reduction or copy kernel: bound by the bytes it moves.
+
+    ``flops_per_element`` counts arithmetic per element written; it matters only on devices
+    whose arithmetic is slow next to their memory (CPUs with narrow SIMD).
+    """
+    return Op(
+        name,
+        "memory",
+        flops_per_element * elements_written,
+        element_bytes * (elements_read + elements_written),
+        "fp32",
+    )

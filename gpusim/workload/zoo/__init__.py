@@ -1,0 +1,58 @@
+"""The model zoo: named models people train, with published parameter counts.
+
+``get(name)`` builds a model; ``names()`` lists them. Transformers take an optional
+``seq_len`` that overrides their default context.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+
+from gpusim.errors import UnknownModel
+from gpusim.workload.model import Model
+from gpusim.workload.zoo.transformer import TRANSFORMERS, TransformerConfig, build_transformer
+from gpusim.workload.zoo.vision import alexnet, mnist_cnn, mnist_mlp, resnet50, vgg16
+
+_VISION: dict[str, Callable[[], Model]] = {
+    "mnist-mlp": mnist_mlp,
+    "mnist-cnn": mnist_cnn,
+    "alexnet": alexnet,
+    "vgg16": vgg16,
+    "resnet50": resnet50,
+}
+_ALIASES = {"resnet-50": "resnet50", "rn50": "resnet50", "vgg-16": "vgg16",
+            "gpt2-small": "gpt2", "gpt-2": "gpt2", "llama-3-8b": "llama3-8b",
+            "llama-3-70b": "llama3-70b", "llama-2-7b": "llama2-7b", "gpt-3": "gpt3-175b",
+            "gpt3": "gpt3-175b"}
+
+
+def names() -> list[str]:
+    """Every zoo model name, vision first, then transformers."""
+    return [*_VISION, *TRANSFORMERS]
+
+
+def _resolve(name: str) -> str:
+    key = name.lower().strip()
+    key = _ALIASES.get(key, key)
+    if key in _VISION or key in TRANSFORMERS:
+        return key
+    close = difflib.get_close_matches(key, names() + list(_ALIASES), n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(_ALIASES.get(c, c) for c in close)}?" if close else ""
+    raise UnknownModel(f"unknown model {name!r}{hint} (`gpusim models list` shows all)")
+
+
+def transformer_config(name: str) -> TransformerConfig | None:
+    """The dimensions of a zoo transformer, or None for other models."""
+    return TRANSFORMERS.get(_resolve(name))
+
+
+def get(name: str, seq_len: int | None = None) -> Model:
+    """Build zoo model ``name``; ``seq_len`` applies to transformers only."""
+    key = _resolve(name)
+    if key in _VISION:
+        return _VISION[key]()
+    return build_transformer(TRANSFORMERS[key], seq_len)
+
+
+__all__ = ["TransformerConfig", "build_transformer", "get", "names", "transformer_config"]

@@ -1,0 +1,192 @@
+"""Transformers from their dimensions: GPT-2/3 and Llama decoders, BERT encoders.
+
+``TransformerConfig`` is also how a user describes a transformer that is not in the zoo, on
+the command line (``--model transformer --layers 96 --hidden 12288 ...``) or in YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpusim.workload.attention import Attention, CrossEntropy, Embedding
+from gpusim.workload.layers import (
+    Layer,
+    Linear,
+    dropout,
+    gelu,
+    layer_norm,
+    residual_add,
+    rms_norm,
+    swiglu,
+)
+from gpusim.workload.model import InputSpec, Model
+
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class TransformerConfig(BaseModel):
+    """Dimensions and flavour of a transformer; defaults describe a GPT-style decoder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "transformer"
+    layers: PosInt
+    hidden: PosInt
+    heads: PosInt
+    kv_heads: PosInt | None = None
+    head_dim: PosInt | None = Field(None, description="defaults to hidden / heads")
+    ffn_hidden: PosInt | None = Field(None, description="defaults to 4 x hidden")
+    vocab: PosInt = 50257
+    seq_len: PosInt = 2048
+    kind: Literal["decoder", "encoder"] = "decoder"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    positions: Literal["learned", "rotary"] = "learned"
+    max_positions: PosInt | None = Field(None, description="learned position table size")
+    tied_embeddings: bool = True
+    bias: bool = True
+    dropout: bool = False
+    fused_attention: bool = True
+    type_vocab: int = Field(0, ge=0, description="BERT token-type embeddings")
+    description: str = ""
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> TransformerConfig:
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(
+                f"hidden {self.hidden} is not divisible by heads {self.heads}; give head_dim"
+            )
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        return self
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+
+def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Model:
+    """The layer list of ``cfg`` at sequence length ``seq_len`` (default: the config's)."""
+    s = seq_len or cfg.seq_len
+    h, kv, hd = cfg.hidden, cfg.kv_heads or cfg.heads, cfg.dim_head
+    norm = rms_norm if cfg.norm == "rmsnorm" else layer_norm
+    layers: list[Layer] = [Embedding("embed.tokens", cfg.vocab, h, s, block="embed")]
+    if cfg.positions == "learned":
+        table = cfg.max_positions or s
+        layers.append(Embedding("embed.positions", table, h, s, block="embed"))
+    if cfg.type_vocab:
+        layers.append(Embedding("embed.types", cfg.type_vocab, h, s, block="embed"))
+    if cfg.kind == "encoder":
+        layers.append(norm("embed.norm", h, s, block="embed"))
+    if cfg.dropout:
+        layers.append(dropout("embed.dropout", s * h, block="embed"))
+
+    for i in range(cfg.layers):
+        b = f"h.{i}"
+        pre = cfg.kind == "decoder"  # GPT and Llama normalize before each sublayer, BERT after
+        attn: list[Layer] = [
+            Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s, cfg.bias, block=b),
+            Attention(f"{b}.attn.core", cfg.heads, hd, s, kv, causal=cfg.kind == "decoder",
+                      fused=cfg.fused_attention, dropout=cfg.dropout, block=b),
+            Linear(f"{b}.attn.proj", cfg.heads * hd, h, s, cfg.bias, block=b),
+        ]
+        if cfg.dropout:
+            attn.append(dropout(f"{b}.attn.dropout", s * h, block=b))
+        attn.append(residual_add(f"{b}.attn.add", s * h, block=b))
+        up = 2 * cfg.ffn if cfg.activation == "swiglu" else cfg.ffn
+        act = swiglu if cfg.activation == "swiglu" else gelu
+        mlp: list[Layer] = [
+            Linear(f"{b}.mlp.up", h, up, s, cfg.bias, block=b),
+            act(f"{b}.mlp.act", s * cfg.ffn, block=b),
+            Linear(f"{b}.mlp.down", cfg.ffn, h, s, cfg.bias, block=b),
+        ]
+        if cfg.dropout:
+            mlp.append(dropout(f"{b}.mlp.dropout", s * h, block=b))
+        mlp.append(residual_add(f"{b}.mlp.add", s * h, block=b))
+        if pre:
+            layers += [norm(f"{b}.norm1", h, s, block=b), *attn,
+                       norm(f"{b}.norm2", h, s, block=b), *mlp]
+        else:
+            layers += [*attn, norm(f"{b}.norm1", h, s, block=b), *mlp,
+                       norm(f"{b}.norm2", h, s, block=b)]
+
+    if cfg.kind == "decoder":
+        layers.append(norm("final_norm", h, s, block="head"))
+    else:  # BERT's masked-LM head transform, over every position
+        layers += [Linear("head.transform", h, h, s, True, block="head"),
+                   gelu("head.act", s * h, block="head"),
+                   norm("head.norm", h, s, block="head")]
+    layers.append(Linear("head.vocab", h, cfg.vocab, s, bias=cfg.kind == "encoder",
+                         shared=cfg.tied_embeddings, block="head"))
+    layers.append(CrossEntropy("loss", cfg.vocab, s, block="head"))
+    tokens = InputSpec(8 * s, 2e-6 * s / 1024, "pre-tokenized int64 ids read from memory")
+    return Model(cfg.name, tuple(layers), tokens, "transformer", tokens_per_sample=s,
+                 description=cfg.description, source=cfg.source)
+
+
+_GPT2 = "Radford et al. 2019 (GPT-2); Hugging Face gpt2 configs"
+_GPT3 = "Brown et al. 2020, Table 2.1"
+
+
+def _gpt2(name: str, layers: int, hidden: int, heads: int, size: str) -> TransformerConfig:
+    return TransformerConfig(name=name, layers=layers, hidden=hidden, heads=heads,
+                             vocab=50257, seq_len=1024, max_positions=1024, dropout=True,
+                             description=f"GPT-2 {size}", source=_GPT2)
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int, size: str) -> TransformerConfig:
+    return TransformerConfig(name=name, layers=layers, hidden=hidden, heads=heads,
+                             vocab=50257, seq_len=2048, max_positions=2048,
+                             description=f"GPT-3 {size}", source=_GPT3)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
+           seq: int, size: str, source: str) -> TransformerConfig:
+    return TransformerConfig(name=name, layers=layers, hidden=hidden, heads=heads,
+                             kv_heads=kv, ffn_hidden=ffn, vocab=vocab, seq_len=seq,
+                             norm="rmsnorm", activation="swiglu", positions="rotary",
+                             tied_embeddings=False, bias=False, description=size,
+                             source=source)
+
+
+def _bert(name: str, layers: int, hidden: int, heads: int, size: str) -> TransformerConfig:
+    return TransformerConfig(name=name, layers=layers, hidden=hidden, heads=heads,
+                             vocab=30522, seq_len=512, max_positions=512, type_vocab=2,
+                             kind="encoder", dropout=True, fused_attention=False,
+                             description=size, source="Devlin et al. 2019; google-research/bert configs")
+
+
+TRANSFORMERS: dict[str, TransformerConfig] = {
+    c.name: c
+    for c in [
+        _bert("bert-base", 12, 768, 12, "BERT-base (110M)"),
+        _bert("bert-large", 24, 1024, 16, "BERT-large (340M)"),
+        _gpt2("gpt2", 12, 768, 12, "small (124M)"),
+        _gpt2("gpt2-medium", 24, 1024, 16, "medium (355M)"),
+        _gpt2("gpt2-large", 36, 1280, 20, "large (774M)"),
+        _gpt2("gpt2-xl", 48, 1600, 25, "XL (1.5B)"),
+        _gpt3("gpt3-125m", 12, 768, 12, "Small (125M)"),
+        _gpt3("gpt3-350m", 24, 1024, 16, "Medium (350M)"),
+        _gpt3("gpt3-760m", 24, 1536, 16, "Large (760M)"),
+        # The paper lists 24 heads of 128 for d_model 2048, which does not multiply out;
+        # 16 heads of 128 keeps the parameter count and FLOPs of the published model.
+        _gpt3("gpt3-1.3b", 24, 2048, 16, "XL (1.3B)"),
+        _gpt3("gpt3-2.7b", 32, 2560, 32, "2.7B"),
+        _gpt3("gpt3-6.7b", 32, 4096, 32, "6.7B"),
+        _gpt3("gpt3-13b", 40, 5120, 40, "13B"),
+        _gpt3("gpt3-175b", 96, 12288, 96, "175B"),
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, "Llama 2 7B",
+               "Touvron et al. 2023 (Llama 2); meta-llama/Llama-2-7b-hf config.json"),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, "Llama 3 8B",
+               "Meta Llama 3 model card; meta-llama/Meta-Llama-3-8B config.json"),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, "Llama 3 70B",
+               "Meta Llama 3 model card; meta-llama/Meta-Llama-3-70B config.json"),
+    ]
+}
