@@ -30,7 +30,7 @@ MNIST_INPUT = InputSpec(28 * 28 * 4, 5e-6, "MNIST 28x28 float32 tensor held in m
 
 
 @dataclass
-class _Builder:
+class ShapeBuilder:
     """Appends layers while tracking the (channels, height, width) of the activation."""
 
     c: int
@@ -93,7 +93,7 @@ def mnist_mlp() -> Model:
 
 
 def mnist_cnn() -> Model:
-    b = _Builder(1, 28, 28)
+    b = ShapeBuilder(1, 28, 28)
     b.conv("conv1", 32, 3, bias=True)
     b.relu("relu1")
     b.conv("conv2", 64, 3, bias=True)
@@ -108,7 +108,7 @@ def mnist_cnn() -> Model:
 
 
 def alexnet() -> Model:
-    b = _Builder(3, 224, 224)
+    b = ShapeBuilder(3, 224, 224)
     for i, (out, k, s, p, pooled) in enumerate(
         [(64, 11, 4, 2, True), (192, 5, 1, 2, True), (384, 3, 1, 1, False),
          (256, 3, 1, 1, False), (256, 3, 1, 1, True)]
@@ -125,7 +125,7 @@ def alexnet() -> Model:
 
 
 def vgg16() -> Model:
-    b = _Builder(3, 224, 224)
+    b = ShapeBuilder(3, 224, 224)
     stage = 0
     for i, v in enumerate([64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
                            512, 512, 512, "M", 512, 512, 512, "M"]):
@@ -142,7 +142,7 @@ def vgg16() -> Model:
                  description="VGG16 (configuration D) as in torchvision (138.4M parameters)")
 
 
-def _bottleneck(b: _Builder, name: str, width: int, stride: int, downsample: bool) -> None:
+def _bottleneck(b: ShapeBuilder, name: str, width: int, stride: int, downsample: bool) -> None:
     b.block = name
     c_in, h_in, w_in = b.c, b.h, b.w
     b.conv(f"{name}.conv1", width, 1)
@@ -162,7 +162,7 @@ def _bottleneck(b: _Builder, name: str, width: int, stride: int, downsample: boo
 
 
 def resnet50() -> Model:
-    b = _Builder(3, 224, 224)
+    b = ShapeBuilder(3, 224, 224)
     b.block = "stem"
     b.conv("conv1", 64, 7, 2, 3)
     b.bn("bn1")

@@ -1,0 +1,252 @@
+"""The command line: a thin layer over the Python API.
+
+Domain errors (unknown names, bad files, jobs that do not fit) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gpusim import units
+from gpusim.errors import GpusimError, InvalidConfig
+from gpusim.estimate import estimate
+from gpusim.hardware.catalog import catalog, load_profile_file
+from gpusim.hardware.profile import (
+    CPUProfile,
+    DeviceProfile,
+    GPUProfile,
+    LinkProfile,
+    SystemProfile,
+)
+from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.workload import zoo
+from gpusim.workload.model import Model
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+
+_DIMENSIONS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpusim",
+        description="Predict deep-learning training time and cost on GPUs and CPUs.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("estimate", help="predict step time, time to train, cost and memory",
+                       description="Predict one training run on one GPU or CPU.")
+    e.add_argument("--model", required=True,
+                   help="zoo name (gpusim models list), a model YAML file, or 'transformer' "
+                        "with --layers/--hidden/--heads")
+    e.add_argument("--gpu", required=True,
+                   help="GPU or CPU profile name or alias (gpusim profiles list), or a YAML file")
+    e.add_argument("--batch-size", type=int, required=True, help="samples per optimizer step")
+    e.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
+    length = e.add_argument_group("run length (one of)")
+    length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
+    length.add_argument("--dataset-size", type=int, help="samples per epoch")
+    length.add_argument("--tokens", type=float, help="training tokens (language models)")
+    length.add_argument("--steps", type=int, help="optimizer steps")
+    e.add_argument("--seq-len", type=int, help="sequence length (language models)")
+    tech = e.add_argument_group("training techniques")
+    tech.add_argument("--grad-accum", type=int, default=1,
+                      help="microbatches per optimizer step (default 1)")
+    tech.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    tech.add_argument("--checkpointing", default="none", choices=("none", "full"),
+                      help="activation checkpointing per block")
+    tech.add_argument("--freeze", default="",
+                      help="comma-separated layer-name prefixes to freeze (e.g. embed,h.0)")
+    tech.add_argument("--loader-workers", type=int, default=8,
+                      help="data-loader worker processes; 0 for synthetic data on the device")
+    dims = e.add_argument_group("transformer dimensions (with --model transformer)")
+    for name in _DIMENSIONS:
+        dims.add_argument(f"--{name.replace('_', '-')}", type=int)
+    out = e.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
+    out.add_argument("--plot", metavar="FILE", help="write a PNG of the timeline and breakdown")
+
+    prof = sub.add_parser("profiles", help="list, show or check hardware profiles")
+    psub = prof.add_subparsers(dest="action", required=True)
+    pl = psub.add_parser("list", help="every GPU, CPU, link and system profile")
+    pl.add_argument("--json", action="store_true")
+    ps = psub.add_parser("show", help="one profile, every field and its source")
+    ps.add_argument("name")
+    ps.add_argument("--json", action="store_true")
+    pc = psub.add_parser("check", help="validate a profile YAML file")
+    pc.add_argument("file")
+    pc.add_argument("--json", action="store_true")
+
+    mod = sub.add_parser("models", help="list or show zoo models")
+    msub = mod.add_subparsers(dest="action", required=True)
+    ml = msub.add_parser("list", help="every zoo model with parameters and FLOPs")
+    ml.add_argument("--json", action="store_true")
+    ms = msub.add_parser("show", help="one model: layers, parameters, FLOPs, memory")
+    ms.add_argument("name", help="zoo name or model YAML file")
+    ms.add_argument("--seq-len", type=int)
+    ms.add_argument("--batch-size", type=int, default=1,
+                    help="batch for the activation-memory figure (default 1)")
+    ms.add_argument("--json", action="store_true")
+    return p
+
+
+def _model_from_args(args: argparse.Namespace) -> str | Model:
+    given = {name: getattr(args, name) for name in _DIMENSIONS if getattr(args, name) is not None}
+    if args.model != "transformer":
+        if given:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            raise InvalidConfig(f"{flags} apply only to --model transformer")
+        return str(args.model)
+    missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in given]
+    if missing:
+        raise InvalidConfig(f"--model transformer needs {', '.join(missing)}")
+    try:
+        cfg = TransformerConfig(seq_len=args.seq_len or 2048, **given)
+    except ValueError as exc:
+        raise InvalidConfig(f"transformer dimensions: {exc}".split("\n")[0]) from exc
+    return build_transformer(cfg)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    if args.dataset_size is not None and args.epochs is None:
+        raise InvalidConfig("--dataset-size needs --epochs")
+    model = _model_from_args(args)
+    frozen = tuple(p for p in args.freeze.split(",") if p)
+    result = estimate(
+        model, args.gpu, args.batch_size, precision=args.precision, epochs=args.epochs,
+        dataset_size=args.dataset_size, tokens=args.tokens, steps=args.steps,
+        seq_len=args.seq_len, grad_accum=args.grad_accum, optimizer=args.optimizer,
+        checkpointing=args.checkpointing, frozen=frozen, loader_workers=args.loader_workers,
+    )
+    if args.trace:
+        result.step.trace.write_chrome(args.trace)
+    if args.plot:
+        from gpusim.plotting.timeline import step_figure
+
+        step_figure(result).savefig(args.plot, dpi=120)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(result.summary())
+        for label, path in (("trace", args.trace), ("plot", args.plot)):
+            if path:
+                print(f"\n{label} written to {path}")
+    return 0
+
+
+def _profile_row(p: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": p.name, "kind": p.kind, "full_name": p.full_name}
+    if isinstance(p, DeviceProfile):
+        peak = max([*p.matrix_tflops.values(), *p.vector_tflops.values()])
+        row.update(memory_gib=p.memory_gib, memory_bandwidth_gb_s=p.memory_bandwidth_gb_s,
+                   peak_tflops=peak, tdp_w=p.tdp_w)
+    return row
+
+
+def _profiles(args: argparse.Namespace) -> int:
+    if args.action == "check":
+        profile = load_profile_file(args.file)
+        if args.json:
+            print(json.dumps({"ok": True, **profile.model_dump(mode="json")}, indent=2))
+        else:
+            print(f"{args.file}: ok ({profile.kind} {profile.name!r})")
+        return 0
+    cat = catalog()
+    if args.action == "show":
+        found = cat.get(args.name, DeviceProfile | LinkProfile | SystemProfile)  # type: ignore[arg-type]
+        data = found.model_dump(mode="json")
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            sources = data.pop("sources", {})
+            for key, value in data.items():
+                print(f"{key:24s} {value}")
+            print("\nsources:")
+            for key, value in sources.items():
+                print(f"  {key:22s} {value}")
+        return 0
+    rows = [_profile_row(p) for kind in (GPUProfile, CPUProfile, LinkProfile, SystemProfile)
+            for p in cat.all(kind)]  # type: ignore[type-abstract]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':18s} {'kind':7s} {'memory':>10s} {'bandwidth':>12s} {'peak':>12s}  full name")
+    for r in rows:
+        mem = f"{r['memory_gib']:g} GiB" if "memory_gib" in r else ""
+        bw = f"{r['memory_bandwidth_gb_s']:g} GB/s" if "memory_bandwidth_gb_s" in r else ""
+        peak = f"{r['peak_tflops']:g} TF/s" if "peak_tflops" in r else ""
+        print(f"{r['name']:18s} {r['kind']:7s} {mem:>10s} {bw:>12s} {peak:>12s}  {r['full_name']}")
+    return 0
+
+
+def _model_info(model: Model, batch: int) -> dict[str, Any]:
+    from gpusim.workload.numerics import FP32
+
+    return {
+        "name": model.name,
+        "family": model.family,
+        "description": model.description,
+        "parameters": model.parameters,
+        "forward_flops_per_sample": model.forward_flops_per_sample,
+        "training_flops_per_sample": model.training_flops_per_sample,
+        "tokens_per_sample": model.tokens_per_sample,
+        "activation_bytes_fp32": model.activation_bytes(batch, FP32),
+        "activation_batch_size": batch,
+        "layers": len(model.layers),
+    }
+
+
+def _models(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        rows = [_model_info(zoo.get(name), 1) for name in zoo.names()]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        print(f"{'name':14s} {'parameters':>12s} {'fwd FLOPs/sample':>18s}  description")
+        for r in rows:
+            print(f"{r['name']:14s} {units.human_count(r['parameters']):>12s} "
+                  f"{units.human_count(r['forward_flops_per_sample']):>18s}  {r['description']}")
+        return 0
+    from gpusim.estimate import resolve_model
+    from gpusim.workload.numerics import FP32
+
+    if args.batch_size <= 0:
+        raise InvalidConfig(f"batch size must be positive (got {args.batch_size})")
+    model = resolve_model(args.name, args.seq_len)
+    info = _model_info(model, args.batch_size)
+    layers = [{"name": lay.name, "type": type(lay).__name__, "parameters": lay.params,
+               "forward_flops_per_sample": sum(o.flops for o in lay.forward(1, FP32)),
+               "activation_bytes_fp32": lay.saved_bytes(args.batch_size, FP32)}
+              for lay in model.layers]
+    if args.json:
+        print(json.dumps({**info, "layer_list": layers}, indent=2))
+        return 0
+    print(f"{model.name}: {model.description}")
+    print(f"  parameters               {info['parameters']:,} ({units.human_count(info['parameters'])})")
+    print(f"  forward FLOPs per sample {units.human_count(info['forward_flops_per_sample'])}FLOP")
+    print(f"  activations (fp32, batch {args.batch_size}) "
+          f"{units.human_bytes(info['activation_bytes_fp32'])}")
+    print(f"\n  {'layer':32s} {'type':12s} {'params':>10s} {'fwd FLOPs':>10s} {'activations':>12s}")
+    for lay in layers:
+        print(f"  {lay['name']:32s} {lay['type']:12s} {units.human_count(lay['parameters']):>10s}"
+              f" {units.human_count(lay['forward_flops_per_sample']):>10s}"
+              f" {units.human_bytes(lay['activation_bytes_fp32']):>12s}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"estimate": _estimate, "profiles": _profiles, "models": _models}
+    try:
+        return handlers[args.command](args)
+    except GpusimError as exc:
+        print(f"gpusim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The cost model: pure functions from an op and a device to seconds."""

@@ -1,0 +1,96 @@
+"""Kernel costs: pure functions from (op, device, calibration) to seconds.
+
+One roofline for every op: time is the larger of compute time (FLOPs over the peak of the
+unit the precision uses, times an efficiency) and memory time (bytes over achieved
+bandwidth), plus a ramp (pipeline fill and drain, which makes small kernels inefficient: the
+saturating curve) and a fixed per-kernel gap. Matrix products and convolutions on a GPU are
+also quantized: M and N round up to the tile, tiles round up to whole waves over the SMs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from gpusim import units
+from gpusim.hardware.calibration import Calibration
+from gpusim.hardware.profile import DeviceProfile, GPUProfile
+from gpusim.workload.ops import GemmShape, Op
+
+
+# Shortest K slice a split-K GEMM gives one CTA (shorter slices spend more time reducing).
+SPLIT_K_MIN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCost:
+    """Seconds one op takes on the device, and why."""
+
+    seconds: float
+    compute_s: float
+    memory_s: float
+    bound: Literal["compute", "memory"]
+    unit: str  # "matrix" (tensor cores, AMX) or "vector"
+    efficiency: float  # achieved fraction of the unit's peak, ramp and overhead included
+
+
+def quantization_efficiency(shape: GemmShape, device: GPUProfile, cal: Calibration) -> float:
+    """Best tile/wave efficiency over the tiles a library may pick (1.0 when no tiles).
+
+    Tile efficiency: useful M x N over M x N rounded up to the tile. Wave efficiency: tiles
+    over whole waves of (SMs x CTAs per SM). When M x N gives too few tiles to fill the GPU
+    and K is long (weight gradients), the library splits K across CTAs (split-K), down to
+    ``SPLIT_K_MIN`` per slice. A tile's own ``efficiency`` penalizes small tiles, which reuse
+    less data.
+    """
+    if not cal.gemm.tiles:
+        return 1.0
+    best = 0.0
+    slots = device.compute_units * cal.gemm.ctas_per_sm
+    for tile in cal.gemm.tiles:
+        tiles_m = math.ceil(shape.m / tile.m)
+        tiles_n = math.ceil(shape.n / tile.n)
+        tile_eff = (shape.m * shape.n) / (tiles_m * tile.m * tiles_n * tile.n)
+        count = tiles_m * tiles_n * shape.batch
+        split = max(1, min(slots // count, shape.k // SPLIT_K_MIN))
+        count *= split
+        wave_eff = count / (math.ceil(count / slots) * slots)
+        best = max(best, tile_eff * wave_eff * tile.efficiency)
+    return best
+
+
+def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
+    """Seconds ``op`` occupies the device's compute stream."""
+    bandwidth = device.memory_bandwidth * cal.memory.max_efficiency
+    memory_s = op.bytes / bandwidth
+    overhead = units.us(cal.overhead.kernel_us)
+    if op.kind == "memory":
+        peak, unit = device.peak_flops("fp32", matrix=False)
+        compute_s = op.flops / (peak * cal.gemm_efficiency("fp32"))
+        ramp = units.us(cal.memory.ramp_us)
+    else:
+        peak, unit = device.peak_flops(op.math, matrix=True)  # type: ignore[arg-type]
+        eff = cal.gemm_efficiency(op.math)
+        if op.kind == "conv":
+            eff *= cal.gemm.conv_factor
+        elif op.kind == "attention":
+            eff *= cal.gemm.attention_factor
+        if op.gemm is not None and isinstance(device, GPUProfile):
+            eff *= quantization_efficiency(op.gemm, device, cal)
+        compute_s = op.flops / (peak * eff)
+        ramp = units.us(cal.gemm.ramp_us)
+    bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"
+    seconds = max(compute_s, memory_s) + ramp + overhead
+    achieved = op.flops / (seconds * peak) if op.flops else 0.0
+    return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved)
+
+
+def host_cost(device: DeviceProfile, cal: Calibration) -> float:
+    """Host seconds to dispatch one op: framework dispatch plus the launch call on a GPU."""
+    return units.us(cal.overhead.dispatch_us + cal.overhead.launch_us)
+
+
+def copy_cost(n_bytes: float, link_bandwidth: float, latency: float, efficiency: float) -> float:
+    """Seconds to copy ``n_bytes`` over a link (host-to-device): latency plus bytes/bandwidth."""
+    return latency + n_bytes / (link_bandwidth * efficiency)

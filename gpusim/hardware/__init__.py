@@ -1,0 +1,1 @@
+"""Hardware: profile schemas, the catalog of shipped profiles, calibrations."""

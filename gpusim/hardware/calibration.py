@@ -1,0 +1,123 @@
+"""Calibration: fitted (or stated default) efficiencies, kept apart from datasheet figures.
+
+A calibration file says how close real kernels come to a device's datasheet peaks: the
+largest fraction of peak a matrix product reaches per precision, a ramp time that makes small
+kernels less efficient (the saturating curve), tile shapes for quantization, achieved memory
+bandwidth, and the fixed costs of a kernel on the device and of dispatching it from the host.
+
+Lookup order for a device: a file whose ``device`` names it, else the file for its
+``architecture``. A file's ``status`` is ``default`` (stated, not fitted, with its reasoning)
+until ``gpusim calibrate`` replaces it with one ``fitted`` on named microbenchmarks.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from gpusim.errors import InvalidProfile
+from gpusim.hardware.catalog import format_validation_error, profiles_dir, read_yaml
+from gpusim.hardware.profile import DeviceProfile, Frozen
+
+Fraction = Annotated[float, Field(gt=0, le=1)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+class Tile(Frozen):
+    """A GEMM tile a library may pick; ``efficiency`` is its throughput relative to the best."""
+
+    m: Annotated[int, Field(gt=0)]
+    n: Annotated[int, Field(gt=0)]
+    efficiency: Fraction = 1.0
+
+
+class GemmCalibration(Frozen):
+    max_efficiency: dict[str, Fraction] = Field(
+        description="largest fraction of the datasheet peak reached, per math precision"
+    )
+    ramp_us: NonNegative = Field(
+        description="fixed time a matrix kernel loses to filling and draining its pipeline"
+    )
+    tiles: list[Tile] = Field(default_factory=list, description="empty: no tile quantization")
+    ctas_per_sm: Annotated[int, Field(gt=0)] = 1
+    conv_factor: Fraction = Field(1.0, description="cuDNN convolutions relative to GEMM")
+    attention_factor: Fraction = Field(1.0, description="fused attention relative to GEMM")
+
+
+class MemoryCalibration(Frozen):
+    max_efficiency: Fraction = Field(description="achieved fraction of peak memory bandwidth")
+    ramp_us: NonNegative = Field(description="fixed time a memory-bound kernel loses")
+
+
+class OverheadCalibration(Frozen):
+    kernel_us: NonNegative = Field(description="device-side gap per kernel")
+    launch_us: NonNegative = Field(description="host time to launch one kernel")
+    dispatch_us: NonNegative = Field(description="framework (PyTorch eager) host time per op")
+
+
+class Calibration(Frozen):
+    """Efficiencies of one device or architecture."""
+
+    kind: Literal["calibration"] = "calibration"
+    name: str
+    architecture: str | None = None
+    device: str | None = None
+    status: Literal["default", "fitted"]
+    fitted_on: list[str] = Field(default_factory=list, description="measurement files used")
+    rationale: str = ""
+    gemm: GemmCalibration
+    memory: MemoryCalibration
+    overhead: OverheadCalibration
+    idle_power_fraction: Fraction = Field(
+        description="board power when idle, as a fraction of TDP"
+    )
+    pcie_efficiency: Fraction = 0.8
+
+    @model_validator(mode="after")
+    def _check(self) -> Calibration:
+        if (self.architecture is None) == (self.device is None):
+            raise ValueError("give exactly one of architecture or device")
+        if self.status == "fitted" and not self.fitted_on:
+            raise ValueError("a fitted calibration must name the measurements in fitted_on")
+        return self
+
+    def gemm_efficiency(self, math: str) -> float:
+        """Max efficiency for ``math``; precisions the file omits use its fp32 entry."""
+        return self.gemm.max_efficiency.get(math, self.gemm.max_efficiency.get("fp32", 0.7))
+
+
+def load_calibration_file(path: str | Path) -> Calibration:
+    path = Path(path)
+    data = read_yaml(path)
+    try:
+        return Calibration.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidProfile(format_validation_error(str(path), exc)) from exc
+
+
+@lru_cache(maxsize=4)
+def _all(root: str) -> tuple[Calibration, ...]:
+    folder = Path(root) / "calibration"
+    return tuple(load_calibration_file(p) for p in sorted(folder.glob("*.yaml")))
+
+
+def calibration_for(device: DeviceProfile) -> Calibration:
+    """The calibration of ``device``: its own fitted file, else its architecture's."""
+    found = _all(str(profiles_dir()))
+    for cal in found:
+        if cal.device == device.name:
+            return cal
+    for cal in found:
+        if cal.architecture == device.architecture:
+            return cal
+    fallback = "cpu" if not device.is_gpu else "gpu"
+    for cal in found:
+        if cal.architecture == fallback:
+            return cal
+    raise InvalidProfile(
+        f"no calibration for {device.name} (architecture {device.architecture}) and no "
+        f"generic {fallback!r} file in hardware_profiles/calibration/"
+    )

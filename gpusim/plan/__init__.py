@@ -1,0 +1,1 @@
+"""Planning: a training job lowered to kernels, and its memory plan."""

@@ -1,0 +1,110 @@
+"""A training job: model, device, batch, precision and training techniques, checked.
+
+The checks here are about the job itself (a batch that is not positive, an accumulation that
+does not divide the batch, a precision the device lacks); each raises a typed error with a
+message that says what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gpusim.errors import InvalidConfig, UnsupportedPrecision
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.workload.model import Model
+from gpusim.workload.numerics import Numerics
+
+TrainingPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+TRAINING_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum"]
+OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum")
+Checkpointing = Literal["none", "full"]
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """One optimizer step's worth of work on one device.
+
+    ``batch_size`` is the samples per optimizer step; with ``grad_accum`` K it is split into K
+    microbatches of ``batch_size / K``. ``frozen`` lists layer-name prefixes whose weights do
+    not train. ``loader_workers`` 0 means synthetic data already on the device.
+    """
+
+    model: Model
+    device: DeviceProfile
+    batch_size: int
+    precision: TrainingPrecision = "fp32"
+    grad_accum: int = 1
+    optimizer: Optimizer = "adam"
+    checkpointing: Checkpointing = "none"
+    frozen: tuple[str, ...] = ()
+    loader_workers: int = 8
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0:
+            raise InvalidConfig(f"batch size must be positive (got {self.batch_size})")
+        if self.grad_accum <= 0:
+            raise InvalidConfig(f"gradient accumulation must be positive (got {self.grad_accum})")
+        if self.batch_size % self.grad_accum:
+            raise InvalidConfig(
+                f"batch size {self.batch_size} is not divisible by gradient accumulation "
+                f"{self.grad_accum}; pick a batch that is a multiple of it"
+            )
+        if self.precision not in TRAINING_PRECISIONS:
+            raise InvalidConfig(
+                f"unknown precision {self.precision!r}; use one of {', '.join(TRAINING_PRECISIONS)}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidConfig(
+                f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
+            )
+        if self.loader_workers < 0:
+            raise InvalidConfig(f"loader workers must be 0 or more (got {self.loader_workers})")
+        names = [layer.name for layer in self.model.layers]
+        for prefix in self.frozen:
+            if not any(n == prefix or n.startswith(prefix + ".") for n in names):
+                raise InvalidConfig(
+                    f"--freeze {prefix!r} matches no layer of {self.model.name}; layer names "
+                    f"look like {', '.join(names[:3])} (`gpusim models show` lists them)"
+                )
+        self.numerics()  # raises UnsupportedPrecision early
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.batch_size // self.grad_accum
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.precision in ("fp16", "bf16", "fp8")
+
+    def is_trainable(self, layer_name: str) -> bool:
+        return not any(layer_name == p or layer_name.startswith(p + ".") for p in self.frozen)
+
+    def numerics(self) -> Numerics:
+        """Resolve the training precision against the device, as PyTorch would run it."""
+        dev = self.device
+        has = lambda p: p in dev.matrix_tflops or p in dev.vector_tflops  # noqa: E731
+        gpu = dev.is_gpu
+        if self.precision == "fp32":
+            # PyTorch lets cuDNN use TF32 for convolutions by default, but not cuBLAS.
+            conv = "tf32" if gpu and "tf32" in dev.matrix_tflops else "fp32"
+            return Numerics("fp32", conv, "fp32")
+        if self.precision == "tf32":
+            if "tf32" not in dev.matrix_tflops:
+                raise UnsupportedPrecision(
+                    f"{dev.full_name} has no TF32 tensor cores (Ampere and later do); use fp32"
+                )
+            return Numerics("tf32", "tf32", "fp32")
+        if self.precision == "bf16" and gpu and not has("bf16"):
+            raise UnsupportedPrecision(
+                f"{dev.full_name} has no bf16 arithmetic (it came with Ampere); use fp16"
+            )
+        if self.precision == "fp8":
+            if "fp8" not in dev.matrix_tflops:
+                raise UnsupportedPrecision(
+                    f"{dev.full_name} has no fp8 tensor cores (Hopper, Ada and later do); "
+                    f"use bf16 or fp16"
+                )
+            return Numerics("fp8", "bf16", "bf16")
+        return Numerics(self.precision, self.precision, self.precision)

@@ -1,0 +1,145 @@
+"""The memory plan: what a job keeps on the device at its peak, and whether it fits.
+
+Peak allocated memory (what ``torch.cuda.max_memory_allocated`` reports) is the sum of
+weights, gradients, optimizer states, autocast's weight copies, the activations kept for
+backward, and the largest transient buffer of any one layer. The device must also hold the
+framework's own reservation (CUDA context, library workspaces, allocator slack), which
+``max_memory_allocated`` does not see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpusim import units
+from gpusim.errors import OutOfMemory
+from gpusim.plan.job import TrainingJob
+
+# CUDA context, cuBLAS/cuDNN handles and workspaces: commonly 0.5-1 GiB on current GPUs.
+FRAMEWORK_RESERVED_BYTES = units.gib(0.75)
+# The caching allocator rarely packs perfectly; leave this fraction of the card free.
+ALLOCATOR_SLACK = 0.05
+
+OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per category at the step's peak; ``peak_bytes`` is their sum."""
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    weight_copies: float
+    activations: float
+    transient: float
+    framework_reserved: float
+    capacity: float
+
+    @property
+    def peak_bytes(self) -> float:
+        """Peak allocated bytes, comparable with torch.cuda.max_memory_allocated."""
+        return (self.weights + self.gradients + self.optimizer_states + self.weight_copies
+                + self.activations + self.transient)
+
+    @property
+    def required_bytes(self) -> float:
+        return self.peak_bytes + self.framework_reserved
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.capacity * (1 - ALLOCATOR_SLACK)
+
+    @property
+    def fits(self) -> bool:
+        return self.required_bytes <= self.usable_bytes
+
+    def breakdown(self) -> dict[str, float]:
+        return {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer_states": self.optimizer_states,
+            "weight_copies": self.weight_copies,
+            "activations": self.activations,
+            "transient": self.transient,
+            "framework_reserved": self.framework_reserved,
+        }
+
+
+def activation_bytes(job: TrainingJob) -> float:
+    """Activations kept for backward by one microbatch, under the job's checkpointing."""
+    layers = job.model.layers
+    num = job.numerics()
+    n = job.microbatch_size
+    first = next((i for i, lay in enumerate(layers)
+                  if lay.params and job.is_trainable(lay.name)), len(layers))
+    kept = [lay for lay in layers[first:]]  # a frozen prefix runs without autograd
+    if job.checkpointing == "none":
+        return sum(lay.saved_bytes(n, num) for lay in kept)
+    # Full checkpointing keeps each block's input and re-creates one block at a time.
+    per_block: dict[str, float] = {}
+    total = 0.0
+    previous_out = 0
+    for lay in kept:
+        if lay.block and lay.block not in per_block:
+            per_block[lay.block] = 0.0
+            total += n * previous_out * num.act_bytes
+        if lay.block:
+            per_block[lay.block] += lay.saved_bytes(n, num)
+        else:
+            total += lay.saved_bytes(n, num)
+        previous_out = _out_elements(lay)
+    return total + max(per_block.values(), default=0.0)
+
+
+def _out_elements(layer: object) -> int:
+    try:
+        return int(layer.out_elements)  # type: ignore[attr-defined]
+    except NotImplementedError:
+        return 0
+
+
+def memory_plan(job: TrainingJob) -> MemoryPlan:
+    """The peak memory of ``job`` by category (raises nothing; see ``check_fits``)."""
+    layers = job.model.layers
+    num = job.numerics()
+    n = job.microbatch_size
+    params = job.model.parameters
+    trainable = sum(lay.params for lay in layers if job.is_trainable(lay.name))
+    copies = params * num.act_bytes if job.mixed_precision and job.device.is_gpu else 0.0
+    # The largest layer output and its gradient alive together during backward.
+    transient = max((2 * n * _out_elements(lay) * num.act_bytes for lay in layers), default=0)
+    reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
+    return MemoryPlan(
+        weights=4.0 * params,
+        gradients=4.0 * trainable,
+        optimizer_states=OPTIMIZER_STATE_BYTES[job.optimizer] * trainable,
+        weight_copies=copies,
+        activations=activation_bytes(job),
+        transient=float(transient),
+        framework_reserved=reserved,
+        capacity=job.device.memory_bytes,
+    )
+
+
+def check_fits(job: TrainingJob, plan: MemoryPlan) -> None:
+    """Raise OutOfMemory with the breakdown and what to try when ``plan`` does not fit."""
+    if plan.fits:
+        return
+    parts = ", ".join(f"{k.replace('_', ' ')} {units.human_bytes(v)}"
+                      for k, v in plan.breakdown().items() if v)
+    advice = []
+    if job.microbatch_size > 1:
+        advice.append(f"a smaller batch or --grad-accum {2 * job.grad_accum}")
+    if job.checkpointing == "none":
+        advice.append("--checkpointing full")
+    if job.precision in ("fp32", "tf32"):
+        advice.append("--precision bf16 or fp16")
+    advice.append("a GPU with more memory")
+    raise OutOfMemory(
+        f"{job.model.name} with microbatch {job.microbatch_size} needs "
+        f"{units.human_bytes(plan.required_bytes)} but {job.device.name} has "
+        f"{units.human_bytes(plan.usable_bytes)} usable ({parts}); try {', '.join(advice)}",
+        required_bytes=plan.required_bytes,
+        available_bytes=plan.usable_bytes,
+    )

@@ -1,0 +1,1 @@
+"""Plots of gpusim results; the only package that imports matplotlib."""

@@ -1,0 +1,145 @@
+"""Results: a simulated step, and the whole training run it extrapolates to.
+
+Every field names its unit. ``TrainingEstimate.to_json()`` is what ``gpusim estimate --json``
+prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpusim import units
+from gpusim.sim.trace import Trace
+
+
+class StepResult(BaseModel):
+    """One optimizer step on one device."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    step_time_s: float
+    breakdown_s: dict[str, float] = Field(description="sums to step_time_s")
+    samples_per_step: int
+    tokens_per_sample: int | None
+    model_flops_per_step: float
+    peak_flops: float = Field(description="datasheet peak of the unit the precision uses")
+    peak_memory_bytes: float
+    memory_breakdown_bytes: dict[str, float]
+    kernels_per_step: int
+    busy_fraction: float
+    trace: Trace = Field(exclude=True, repr=False)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_per_step / self.step_time_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.samples_per_s * self.tokens_per_sample if self.tokens_per_sample else None
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilization: model FLOP/s over the datasheet peak."""
+        return self.model_flops_per_step / self.step_time_s / self.peak_flops
+
+
+class TrainingEstimate(BaseModel):
+    """A training run: the step, how many steps, and what they cost in time, money and energy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    device: str
+    device_name: str
+    batch_size: int
+    precision: str
+    step: StepResult
+    steps: int
+    price_usd_per_hour: float | None
+    price_source: str | None
+    average_power_w: float
+    calibration: str
+    assumptions: list[str]
+
+    @property
+    def time_to_train_s(self) -> float:
+        return self.steps * self.step.step_time_s
+
+    @property
+    def gpu_hours(self) -> float:
+        return units.to_hours(self.time_to_train_s)
+
+    @property
+    def cost_usd(self) -> float | None:
+        if self.price_usd_per_hour is None:
+            return None
+        return self.gpu_hours * self.price_usd_per_hour
+
+    @property
+    def energy_kwh(self) -> float:
+        return units.to_kwh(self.average_power_w * self.time_to_train_s)
+
+    def to_json(self) -> dict[str, Any]:
+        """The estimate as one JSON object whose keys name their units."""
+        s = self.step
+        return {
+            "model": self.model,
+            "device": self.device,
+            "device_name": self.device_name,
+            "batch_size": self.batch_size,
+            "precision": self.precision,
+            "step_time_s": s.step_time_s,
+            "samples_per_s": s.samples_per_s,
+            "tokens_per_s": s.tokens_per_s,
+            "steps": self.steps,
+            "time_to_train_s": self.time_to_train_s,
+            "gpu_hours": self.gpu_hours,
+            "price_usd_per_hour": self.price_usd_per_hour,
+            "price_source": self.price_source,
+            "cost_usd": self.cost_usd,
+            "average_power_w": self.average_power_w,
+            "energy_kwh": self.energy_kwh,
+            "peak_memory_bytes": s.peak_memory_bytes,
+            "memory_breakdown_bytes": s.memory_breakdown_bytes,
+            "mfu": s.mfu,
+            "model_flops_per_step": s.model_flops_per_step,
+            "kernels_per_step": s.kernels_per_step,
+            "breakdown_s": s.breakdown_s,
+            "calibration": self.calibration,
+            "assumptions": self.assumptions,
+        }
+
+    def summary(self) -> str:
+        """A short table for people."""
+        s = self.step
+        lines = [
+            f"{self.model} on {self.device_name}, batch {self.batch_size}, {self.precision}",
+            "",
+            f"  step time        {units.human_seconds(s.step_time_s):>14}",
+            f"  throughput       {s.samples_per_s:>14,.1f} samples/s",
+        ]
+        if s.tokens_per_s:
+            lines.append(f"                   {s.tokens_per_s:>14,.0f} tokens/s")
+        cost = f"${self.cost_usd:,.2f}" if self.cost_usd is not None else "n/a (no price)"
+        price = (f" at ${self.price_usd_per_hour:.2f}/h ({self.price_source})"
+                 if self.price_usd_per_hour is not None else "")
+        lines += [
+            f"  steps            {self.steps:>14,}",
+            f"  time to train    {units.human_seconds(self.time_to_train_s):>14}",
+            f"  GPU-hours        {self.gpu_hours:>14,.2f} h",
+            f"  cost             {cost:>14}{price}",
+            f"  energy           {self.energy_kwh:>14,.2f} kWh (average {self.average_power_w:.0f} W)",
+            f"  peak memory      {units.human_bytes(s.peak_memory_bytes):>14}",
+            f"  MFU              {100 * s.mfu:>13.1f} %",
+            "",
+            "  step breakdown",
+        ]
+        for key, seconds in s.breakdown_s.items():
+            share = 100 * seconds / s.step_time_s if s.step_time_s else 0.0
+            lines.append(f"    {key.replace('_', ' '):<16}{units.human_seconds(seconds):>12}"
+                         f"  {share:5.1f} %")
+        lines += ["", f"  calibration: {self.calibration}", "  assumptions:"]
+        lines += [f"    - {a}" for a in self.assumptions]
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The SimPy simulation of training steps, and its trace."""

@@ -1,0 +1,1 @@
+"""Workloads: layers, the ops they launch, models and the zoo."""

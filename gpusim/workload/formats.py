@@ -1,0 +1,119 @@
+"""Models from YAML files: a transformer by its dimensions, or a sequential layer list.
+
+Transformer::
+
+    name: my-llm
+    transformer: {layers: 32, hidden: 4096, heads: 32, kv_heads: 8, vocab: 128256,
+                  norm: rmsnorm, activation: swiglu, seq_len: 4096}
+
+Sequential (shapes are tracked, so layers give only their own settings)::
+
+    name: my-cnn
+    input: {channels: 3, height: 32, width: 32}      # or {features: 784}
+    classes: 10
+    layers:
+      - {type: conv2d, out: 64, kernel: 3, padding: 1}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: maxpool, kernel: 2}
+      - {type: linear, out: 10}
+      - {type: cross_entropy}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpusim.errors import InvalidModel, InvalidProfile
+from gpusim.hardware.catalog import format_validation_error, read_yaml
+from gpusim.workload.attention import CrossEntropy
+from gpusim.workload.layers import Linear, dropout, gelu, relu
+from gpusim.workload.model import InputSpec, Model
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+from gpusim.workload.zoo.vision import ShapeBuilder
+
+_INPUT = InputSpec(0.0, 5e-6, "tensors held in memory (YAML model; no loader cost stated)")
+
+
+def load_model_file(path: str | Path, seq_len: int | None = None) -> Model:
+    """Build the model a YAML file describes; InvalidModel names what is wrong."""
+    path = Path(path)
+    try:
+        data = read_yaml(path)
+    except InvalidProfile as exc:
+        raise InvalidModel(str(exc)) from exc
+    return model_from_dict(data, str(path), seq_len)
+
+
+def model_from_dict(data: dict[str, Any], source: str, seq_len: int | None = None) -> Model:
+    name = str(data.get("name", Path(source).stem))
+    if "transformer" in data:
+        try:
+            cfg = TransformerConfig.model_validate({"name": name, **data["transformer"]})
+        except ValidationError as exc:
+            raise InvalidModel(format_validation_error(source, exc)) from exc
+        return build_transformer(cfg, seq_len)
+    if "layers" in data and "input" in data:
+        return _sequential(name, data, source)
+    raise InvalidModel(f"{source}: expected a 'transformer' mapping, or 'input' and 'layers'")
+
+
+def _sequential(name: str, data: dict[str, Any], source: str) -> Model:
+    shape = data["input"]
+    if not isinstance(shape, dict):
+        raise InvalidModel(f"{source}: input must be a mapping")
+    if "features" in shape:
+        b = ShapeBuilder(int(shape["features"]), 1, 1)
+    else:
+        try:
+            b = ShapeBuilder(int(shape["channels"]), int(shape["height"]), int(shape["width"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidModel(f"{source}: input needs features, or channels, height and "
+                               f"width") from exc
+    for i, spec in enumerate(data["layers"]):
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise InvalidModel(f"{source}: layers[{i}] needs a type")
+        try:
+            _add(b, f"{spec['type']}{i}", spec)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidModel(f"{source}: layers[{i}] ({spec['type']}): {exc}") from exc
+    spec_in = InputSpec(4.0 * _input_elements(shape), _INPUT.loader_cpu_s, _INPUT.description)
+    return Model(name, tuple(b.layers), spec_in, "custom",
+                 description=str(data.get("description", "")))
+
+
+def _input_elements(shape: dict[str, Any]) -> int:
+    if "features" in shape:
+        return int(shape["features"])
+    return int(shape["channels"]) * int(shape["height"]) * int(shape["width"])
+
+
+def _add(b: ShapeBuilder, name: str, spec: dict[str, Any]) -> None:
+    kind = spec["type"]
+    if kind == "conv2d":
+        b.conv(name, int(spec["out"]), int(spec["kernel"]), int(spec.get("stride", 1)),
+               int(spec.get("padding", 0)), bool(spec.get("bias", False)))
+    elif kind == "batchnorm":
+        b.bn(name)
+    elif kind in ("relu", "gelu", "dropout"):
+        make = {"relu": relu, "gelu": gelu, "dropout": dropout}[kind]
+        b.layers.append(make(name, b.elements))
+    elif kind in ("maxpool", "avgpool"):
+        k = int(spec.get("kernel", 2))
+        b.pool(name, k, int(spec.get("stride", k)), int(spec.get("padding", 0)))
+    elif kind == "global_avgpool":
+        b.global_pool(name)
+    elif kind == "flatten":
+        b.c, b.h, b.w = b.elements, 1, 1
+    elif kind == "linear":
+        width = b.elements
+        b.layers.append(Linear(name, width, int(spec["out"]), bias=bool(spec.get("bias", True))))
+        b.c, b.h, b.w = int(spec["out"]), 1, 1
+    elif kind == "cross_entropy":
+        b.layers.append(CrossEntropy(name, b.elements))
+    else:
+        raise ValueError("unknown type; use conv2d, batchnorm, relu, gelu, dropout, maxpool, "
+                         "avgpool, global_avgpool, flatten, linear or cross_entropy")
