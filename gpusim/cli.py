@@ -157,7 +157,7 @@ def _profiles(args: argparse.Namespace) -> int:
         return 0
     cat = catalog()
     if args.action == "show":
-        found = cat.get(args.name, DeviceProfile | LinkProfile | SystemProfile)  # type: ignore[arg-type]
+        found = cat.find(args.name)
         data = found.model_dump(mode="json")
         if args.json:
             print(json.dumps(data, indent=2))
@@ -169,8 +169,9 @@ def _profiles(args: argparse.Namespace) -> int:
             for key, value in sources.items():
                 print(f"  {key:22s} {value}")
         return 0
-    rows = [_profile_row(p) for kind in (GPUProfile, CPUProfile, LinkProfile, SystemProfile)
-            for p in cat.all(kind)]  # type: ignore[type-abstract]
+    every: list[Any] = [*cat.all(GPUProfile), *cat.all(CPUProfile), *cat.all(LinkProfile),
+                        *cat.all(SystemProfile)]
+    rows = [_profile_row(p) for p in every]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -218,15 +219,18 @@ def _models(args: argparse.Namespace) -> int:
         raise InvalidConfig(f"batch size must be positive (got {args.batch_size})")
     model = resolve_model(args.name, args.seq_len)
     info = _model_info(model, args.batch_size)
-    layers = [{"name": lay.name, "type": type(lay).__name__, "parameters": lay.params,
+    layers: list[dict[str, Any]] = [
+        {"name": lay.name, "type": type(lay).__name__, "parameters": lay.params,
                "forward_flops_per_sample": sum(o.flops for o in lay.forward(1, FP32)),
                "activation_bytes_fp32": lay.saved_bytes(args.batch_size, FP32)}
-              for lay in model.layers]
+        for lay in model.layers
+    ]
     if args.json:
         print(json.dumps({**info, "layer_list": layers}, indent=2))
         return 0
     print(f"{model.name}: {model.description}")
-    print(f"  parameters               {info['parameters']:,} ({units.human_count(info['parameters'])})")
+    params = model.parameters
+    print(f"  parameters               {params:,} ({units.human_count(params)})")
     print(f"  forward FLOPs per sample {units.human_count(info['forward_flops_per_sample'])}FLOP")
     print(f"  activations (fp32, batch {args.batch_size}) "
           f"{units.human_bytes(info['activation_bytes_fp32'])}")

@@ -130,7 +130,8 @@ class TrainingEstimate(BaseModel):
             f"  time to train    {units.human_seconds(self.time_to_train_s):>14}",
             f"  GPU-hours        {self.gpu_hours:>14,.2f} h",
             f"  cost             {cost:>14}{price}",
-            f"  energy           {self.energy_kwh:>14,.2f} kWh (average {self.average_power_w:.0f} W)",
+            f"  energy           {self.energy_kwh:>14,.2f} kWh "
+            f"(average {self.average_power_w:.0f} W)",
             f"  peak memory      {units.human_bytes(s.peak_memory_bytes):>14}",
             f"  MFU              {100 * s.mfu:>13.1f} %",
             "",

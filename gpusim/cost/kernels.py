@@ -18,7 +18,6 @@ from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
 from gpusim.workload.ops import GemmShape, Op
 
-
 # Shortest K slice a split-K GEMM gives one CTA (shorter slices spend more time reducing).
 SPLIT_K_MIN = 256
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from gpusim.hardware.profile import (
     GPUProfile,
     HardwareProfile,
     LinkProfile,
+    Profile,
     SystemProfile,
 )
 
@@ -35,7 +37,7 @@ _KINDS: dict[str, type[HardwareProfile]] = {
 }
 _FOLDERS = {"gpus": "gpu", "cpus": "cpu", "links": "link", "systems": "system"}
 
-P = TypeVar("P", bound=HardwareProfile)
+P = TypeVar("P", GPUProfile, CPUProfile, DeviceProfile, LinkProfile, SystemProfile)
 
 
 def profiles_dir() -> Path:
@@ -64,7 +66,7 @@ _Loader.yaml_implicit_resolvers = {
 def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping from ``path``, or InvalidProfile naming the file and the problem."""
     try:
-        data = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(path.read_text(), Loader=_Loader)
     except FileNotFoundError as exc:
         raise InvalidProfile(f"{path}: no such file") from exc
     except yaml.YAMLError as exc:
@@ -137,6 +139,13 @@ class Catalog:
                 profiles.append(load_profile_file(path))
         return cls(profiles)
 
+    def find(self, name: str) -> HardwareProfile:
+        """A profile of any kind by name or alias."""
+        found = self._index.get(normalize(name))
+        if found is not None:
+            return found
+        return self.get(name, GPUProfile)  # raises with the closest GPU names
+
     def all(self, kind: type[P]) -> list[P]:
         return [p for p in self._by_name.values() if isinstance(p, kind)]
 
@@ -145,7 +154,7 @@ class Catalog:
         if isinstance(found, kind):
             return found
         candidates = [p for p in self._by_name.values() if isinstance(p, kind)]
-        keys = {normalize(a): p.name for p in candidates for a in [p.name, *p.aliases]}
+        keys = _alias_keys(candidates)
         close = difflib.get_close_matches(normalize(name), list(keys), n=3, cutoff=0.5)
         suggestions = sorted({keys[c] for c in close})
         label = _LABELS.get(kind, "hardware")
@@ -155,6 +164,15 @@ class Catalog:
             else f"; `gpusim profiles list` shows the {len(candidates)} known"
         )
         raise UnknownHardware(f"unknown {label} {name!r}{hint}")
+
+
+def _alias_keys(profiles: Sequence[Profile]) -> dict[str, str]:
+    """Normalized name or alias -> profile name, for did-you-mean suggestions."""
+    keys: dict[str, str] = {}
+    for profile in profiles:
+        for alias in [profile.name, *profile.aliases]:
+            keys[normalize(alias)] = profile.name
+    return keys
 
 
 _LABELS: dict[type[Any], str] = {

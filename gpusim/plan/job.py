@@ -84,7 +84,6 @@ class TrainingJob:
     def numerics(self) -> Numerics:
         """Resolve the training precision against the device, as PyTorch would run it."""
         dev = self.device
-        has = lambda p: p in dev.matrix_tflops or p in dev.vector_tflops  # noqa: E731
         gpu = dev.is_gpu
         if self.precision == "fp32":
             # PyTorch lets cuDNN use TF32 for convolutions by default, but not cuBLAS.
@@ -96,7 +95,8 @@ class TrainingJob:
                     f"{dev.full_name} has no TF32 tensor cores (Ampere and later do); use fp32"
                 )
             return Numerics("tf32", "tf32", "fp32")
-        if self.precision == "bf16" and gpu and not has("bf16"):
+        has_bf16 = "bf16" in dev.matrix_tflops or "bf16" in dev.vector_tflops
+        if self.precision == "bf16" and gpu and not has_bf16:
             raise UnsupportedPrecision(
                 f"{dev.full_name} has no bf16 arithmetic (it came with Ampere); use fp16"
             )

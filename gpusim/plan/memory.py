@@ -73,7 +73,7 @@ def activation_bytes(job: TrainingJob) -> float:
     n = job.microbatch_size
     first = next((i for i, lay in enumerate(layers)
                   if lay.params and job.is_trainable(lay.name)), len(layers))
-    kept = [lay for lay in layers[first:]]  # a frozen prefix runs without autograd
+    kept = layers[first:]  # a frozen prefix runs without autograd
     if job.checkpointing == "none":
         return sum(lay.saved_bytes(n, num) for lay in kept)
     # Full checkpointing keeps each block's input and re-creates one block at a time.

@@ -7,9 +7,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display is assumed
 
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
 
-from gpusim.report import TrainingEstimate  # noqa: E402
+from gpusim.report import TrainingEstimate
 
 PHASE_COLORS = {
     "forward": "#4C72B0", "backward": "#DD8452", "recompute": "#8172B3",

@@ -160,7 +160,8 @@ def _bert(name: str, layers: int, hidden: int, heads: int, size: str) -> Transfo
     return TransformerConfig(name=name, layers=layers, hidden=hidden, heads=heads,
                              vocab=30522, seq_len=512, max_positions=512, type_vocab=2,
                              kind="encoder", dropout=True, fused_attention=False,
-                             description=size, source="Devlin et al. 2019; google-research/bert configs")
+                             description=size,
+                             source="Devlin et al. 2019; google-research/bert configs")
 
 
 TRANSFORMERS: dict[str, TransformerConfig] = {

@@ -25,7 +25,8 @@ from gpusim.workload.model import InputSpec, Model
 # Input pipelines (assumptions, printed with each estimate): ImageNet JPEG decode plus
 # random-resized-crop and flip costs a few milliseconds of one CPU core per image with
 # Pillow-SIMD-class decoders; MNIST samples are small tensors already in memory.
-IMAGENET_INPUT = InputSpec(3 * 224 * 224, 2.5e-3, "ImageNet JPEG, decoded and cropped to 224x224 uint8")
+IMAGENET_INPUT = InputSpec(3 * 224 * 224, 2.5e-3,
+                           "ImageNet JPEG, decoded and cropped to 224x224 uint8")
 MNIST_INPUT = InputSpec(28 * 28 * 4, 5e-6, "MNIST 28x28 float32 tensor held in memory")
 
 
@@ -134,7 +135,7 @@ def vgg16() -> Model:
             b.pool(f"pool{stage}", 2, 2)
             stage += 1
         else:
-            b.conv(f"conv{i}", int(v), 3, 1, 1, bias=True)
+            b.conv(f"conv{i}", int(str(v)), 3, 1, 1, bias=True)
             b.relu(f"relu{i}")
     b.global_pool("avgpool", 7)
     b.classifier([4096, 4096], 1000, drop=True)

@@ -1,0 +1,144 @@
+"""The command line, as a user meets it: help, outputs, files, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpusim.cli import main
+
+ESTIMATE = ["estimate", "--model", "resnet50", "--gpu", "h100-sxm", "--batch-size", "256",
+            "--precision", "bf16", "--epochs", "90", "--dataset-size", "1281167"]
+
+
+@pytest.mark.parametrize("argv", [[], ["estimate"], ["profiles"], ["profiles", "list"],
+                                  ["profiles", "show"], ["profiles", "check"], ["models"],
+                                  ["models", "list"], ["models", "show"]])
+def test_every_subcommand_has_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    assert "usage: gpusim" in capsys.readouterr().out
+
+
+def test_estimate_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(ESTIMATE) == 0
+    out = capsys.readouterr().out
+    for word in ("step time", "throughput", "time to train", "GPU-hours", "cost", "energy",
+                 "peak memory", "MFU", "forward", "backward", "optimizer", "input pipeline",
+                 "host dispatch", "gpu idle"):
+        assert word in out
+
+
+def test_estimate_json_names_its_units(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ESTIMATE, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "samples_per_s", "tokens_per_s", "time_to_train_s", "gpu_hours",
+                "cost_usd", "energy_kwh", "peak_memory_bytes", "mfu", "breakdown_s"):
+        assert key in data
+    assert data["steps"] == 450411  # ceil(90 x 1281167 / 256)
+    assert sum(data["breakdown_s"].values()) == pytest.approx(data["step_time_s"])
+    assert data["time_to_train_s"] == pytest.approx(data["steps"] * data["step_time_s"])
+
+
+def test_language_models_take_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "--model", "gpt2-medium", "--gpu", "h100", "--batch-size", "8",
+            "--precision", "bf16", "--tokens", "1e10", "--seq-len", "1024", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tokens_per_s"] == pytest.approx(data["samples_per_s"] * 1024)
+    assert data["steps"] == -(-10**10 // (8 * 1024))
+
+
+def test_transformer_by_dimensions(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "--model", "transformer", "--layers", "4", "--hidden", "1024",
+            "--heads", "16", "--kv-heads", "4", "--vocab", "32000", "--seq-len", "512",
+            "--gpu", "h100", "--batch-size", "4", "--precision", "bf16", "--steps", "10",
+            "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 10
+
+
+def test_model_from_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "tiny.yaml"
+    path.write_text("name: tiny\ninput: {channels: 3, height: 32, width: 32}\nlayers:\n"
+                    "  - {type: conv2d, out: 16, kernel: 3, padding: 1}\n"
+                    "  - {type: relu}\n  - {type: maxpool, kernel: 2}\n"
+                    "  - {type: linear, out: 10}\n  - {type: cross_entropy}\n")
+    assert main(["models", "show", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parameters"] == 16 * 3 * 9 + 16 * 16 * 16 * 10 + 10
+
+
+def test_trace_and_plot_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace, plot = tmp_path / "step.json", tmp_path / "step.png"
+    assert main([*ESTIMATE, "--trace", str(trace), "--plot", str(plot)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"host", "compute", "copy"} <= tracks
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profiles_and_models_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles", "list", "--json"]) == 0
+    names = {row["name"] for row in json.loads(capsys.readouterr().out)}
+    assert "h100-sxm" in names
+    assert main(["profiles", "show", "H100 SXM5 80GB", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["compute_units"] == 132
+    assert main(["models", "show", "resnet50", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parameters"] == pytest.approx(25.6e6, rel=0.01)
+    assert data["forward_flops_per_sample"] == pytest.approx(8.2e9, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["estimate", "--model", "resnet50", "--gpu", "h100-sxn", "--batch-size", "8"],
+         "did you mean h100-sxm"),
+        (["estimate", "--model", "resnet5", "--gpu", "h100", "--batch-size", "8"],
+         "unknown model"),
+        (["estimate", "--model", "resnet50", "--gpu", "h100", "--batch-size", "0"],
+         "batch size must be positive"),
+        (["estimate", "--model", "resnet50", "--gpu", "h100", "--batch-size", "-3"],
+         "batch size must be positive"),
+        (["estimate", "--model", "resnet50", "--gpu", "h100", "--batch-size", "8",
+          "--tokens", "1e9"], "does not take tokens"),
+        (["estimate", "--model", "resnet50", "--gpu", "h100", "--batch-size", "8",
+          "--steps", "5", "--epochs", "1", "--dataset-size", "10"], "exactly one"),
+        (["estimate", "--model", "resnet50", "--gpu", "h100", "--batch-size", "8",
+          "--epochs", "1"], "needs --dataset-size"),
+        (["estimate", "--model", "resnet50", "--gpu", "h100", "--batch-size", "8",
+          "--layers", "4"], "apply only to --model transformer"),
+        (["estimate", "--model", "transformer", "--gpu", "h100", "--batch-size", "8",
+          "--layers", "4"], "needs --hidden, --heads"),
+        (["estimate", "--model", "gpt3-175b", "--gpu", "h100", "--batch-size", "1",
+          "--precision", "bf16"], "needs"),
+        (["profiles", "check", "no-such-file.yaml"], "no such file"),
+        (["profiles", "show", "nosuchgpu"], "unknown"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_malformed_profile_file_is_reported(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("kind: gpu\nname: bad\nfull_name: Bad\nvendor: x\narchitecture: y\n")
+    assert main(["profiles", "check", str(path)]) == 2
+    assert "compute_units" in capsys.readouterr().err
+
+
+def test_installed_entry_point_runs() -> None:
+    done = subprocess.run([sys.executable, "-m", "gpusim.cli", "models", "list"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "resnet50" in done.stdout

@@ -1,0 +1,66 @@
+"""Kernel costs: never below the roofline, monotone in bandwidth, deterministic."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from gpusim.cost.kernels import kernel_cost, quantization_efficiency
+from gpusim.hardware.calibration import calibration_for
+from gpusim.hardware.profile import GPUProfile
+from gpusim.workload.ops import GemmShape, Op, gemm_op
+from tests.strategies import any_op, gemm_ops
+
+
+@settings(max_examples=200, deadline=None)
+@given(op=any_op)
+def test_cost_is_never_below_the_roofline(h100: GPUProfile, op: Op) -> None:
+    cost = kernel_cost(op, h100, calibration_for(h100))
+    peak, _ = h100.peak_flops(op.math, matrix=op.kind != "memory")  # type: ignore[arg-type]
+    if op.kind == "memory":
+        peak, _ = h100.peak_flops("fp32", matrix=False)
+    assert cost.seconds >= op.flops / peak
+    assert cost.seconds >= op.bytes / h100.memory_bandwidth
+
+
+@settings(max_examples=100, deadline=None)
+@given(op=any_op)
+def test_less_bandwidth_is_never_faster(h100: GPUProfile, op: Op) -> None:
+    slower = h100.model_copy(update={"memory_bandwidth_gb_s": h100.memory_bandwidth_gb_s / 2})
+    cal = calibration_for(h100)
+    assert kernel_cost(op, slower, cal).seconds >= kernel_cost(op, h100, cal).seconds
+
+
+@settings(max_examples=50, deadline=None)
+@given(op=gemm_ops())
+def test_cost_is_deterministic(h100: GPUProfile, op: Op) -> None:
+    cal = calibration_for(h100)
+    assert kernel_cost(op, h100, cal) == kernel_cost(op, h100, cal)
+
+
+def test_large_gemm_reaches_the_calibrated_efficiency(h100: GPUProfile) -> None:
+    cal = calibration_for(h100)
+    op = gemm_op("big", GemmShape(8192, 8192, 8192), "bf16", 2)
+    cost = kernel_cost(op, h100, cal)
+    assert cost.bound == "compute" and cost.unit == "matrix"
+    assert cost.efficiency == pytest.approx(cal.gemm_efficiency("bf16"), rel=0.1)
+
+
+def test_wave_quantization_penalizes_one_tile_too_many(h100: GPUProfile) -> None:
+    cal = calibration_for(h100)
+    full = quantization_efficiency(GemmShape(128 * 132, 128, 4096), h100, cal)
+    spill = quantization_efficiency(GemmShape(128 * 133, 128, 4096), h100, cal)
+    assert spill < full
+
+
+def test_split_k_rescues_skinny_weight_gradients(h100: GPUProfile) -> None:
+    cal = calibration_for(h100)
+    # A 64 x 576 weight gradient over a long K (a ResNet stage-1 convolution).
+    assert quantization_efficiency(GemmShape(64, 576, 802816), h100, cal) > 0.5
+
+
+def test_small_kernels_are_dominated_by_fixed_costs(h100: GPUProfile) -> None:
+    cal = calibration_for(h100)
+    tiny = kernel_cost(gemm_op("t", GemmShape(16, 16, 16), "bf16", 2), h100, cal)
+    assert tiny.efficiency < 0.001
+    assert tiny.seconds >= (cal.gemm.ramp_us + cal.overhead.kernel_us) * 1e-6

@@ -1,0 +1,88 @@
+"""Memory plan and training techniques: OOM, mixed precision, checkpointing, frozen layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusim.errors import InvalidConfig, OutOfMemory, UnsupportedPrecision
+from gpusim.estimate import simulate_step
+from gpusim.hardware.profile import GPUProfile
+from gpusim.plan.job import TrainingJob
+from gpusim.plan.lower import microbatch_ops
+from gpusim.plan.memory import memory_plan
+from gpusim.workload import zoo
+
+
+def test_adam_keeps_16_bytes_per_parameter(h100: GPUProfile) -> None:
+    model = zoo.get("gpt2")
+    plan = memory_plan(TrainingJob(model, h100, 1, "fp32"))
+    states = plan.weights + plan.gradients + plan.optimizer_states
+    assert states == pytest.approx(16 * model.parameters)
+
+
+def test_gpt3_175b_does_not_fit_one_gpu_and_says_why(h100: GPUProfile) -> None:
+    with pytest.raises(OutOfMemory, match="optimizer states") as err:
+        simulate_step(TrainingJob(zoo.get("gpt3-175b"), h100, 1, "bf16"))
+    assert err.value.required_bytes > err.value.available_bytes
+
+
+def test_mixed_precision_halves_activations(h100: GPUProfile) -> None:
+    model = zoo.get("resnet50")
+    fp32 = memory_plan(TrainingJob(model, h100, 8, "fp32")).activations
+    bf16 = memory_plan(TrainingJob(model, h100, 8, "bf16")).activations
+    assert bf16 == pytest.approx(fp32 / 2, rel=0.02)
+
+
+def test_checkpointing_trades_memory_for_recompute(h100: GPUProfile) -> None:
+    model = zoo.get("gpt2-medium")
+    plain = TrainingJob(model, h100, 8, "bf16", loader_workers=0)
+    ckpt = TrainingJob(model, h100, 8, "bf16", checkpointing="full", loader_workers=0)
+    assert memory_plan(ckpt).activations < memory_plan(plain).activations / 4
+    step_plain, step_ckpt = simulate_step(plain), simulate_step(ckpt)
+    recompute = step_ckpt.breakdown_s["recompute"]
+    assert recompute == pytest.approx(step_plain.breakdown_s["forward"], rel=0.15)
+    assert step_ckpt.step_time_s > step_plain.step_time_s
+
+
+def test_frozen_layers_skip_weight_gradients(h100: GPUProfile) -> None:
+    model = zoo.get("resnet50")
+    frozen = ("stem", "conv1", "bn1", "layer1", "layer2")
+    full = TrainingJob(model, h100, 32, "bf16")
+    part = TrainingJob(model, h100, 32, "bf16", frozen=("conv1", "bn1", "layer1", "layer2"))
+    wgrads = lambda job: [o for o in microbatch_ops(job) if o.name.endswith("wgrad")]  # noqa: E731
+    assert len(wgrads(part)) < len(wgrads(full))
+    assert not any(o.layer.startswith(frozen[2:]) for o in wgrads(part))
+    assert memory_plan(part).optimizer_states < memory_plan(full).optimizer_states
+
+
+def test_the_first_layer_computes_no_input_gradient(h100: GPUProfile) -> None:
+    ops = microbatch_ops(TrainingJob(zoo.get("resnet50"), h100, 32, "bf16"))
+    assert not any(o.name == "conv1.dgrad" for o in ops)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"batch_size": 0}, InvalidConfig, "batch size must be positive"),
+        ({"batch_size": -4}, InvalidConfig, "batch size must be positive"),
+        ({"batch_size": 10, "grad_accum": 3}, InvalidConfig, "not divisible"),
+        ({"precision": "fp12"}, InvalidConfig, "unknown precision"),
+        ({"frozen": ("nosuchlayer",)}, InvalidConfig, "matches no layer"),
+    ],
+)
+def test_bad_jobs_are_refused(h100: GPUProfile, kwargs: dict[str, object],
+                              error: type[Exception], message: str) -> None:
+    args: dict[str, object] = {"batch_size": 8, **kwargs}
+    with pytest.raises(error, match=message):
+        TrainingJob(zoo.get("resnet50"), h100, **args)  # type: ignore[arg-type]
+
+
+def test_fp8_needs_fp8_tensor_cores() -> None:
+    from gpusim.hardware.catalog import catalog
+    from gpusim.hardware.profile import GPUProfile as Gpu
+
+    without = [g for g in catalog().all(Gpu) if "fp8" not in g.matrix_tflops]
+    if not without:
+        pytest.skip("every shipped GPU has fp8")
+    with pytest.raises(UnsupportedPrecision, match="fp8"):
+        TrainingJob(zoo.get("gpt2"), without[0], 8, "fp8")

@@ -1,0 +1,116 @@
+"""Hardware profiles: every shipped file loads, names resolve, bad files are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpusim.errors import InvalidProfile, UnknownHardware
+from gpusim.hardware.calibration import calibration_for, load_calibration_file
+from gpusim.hardware.catalog import (
+    Catalog,
+    catalog,
+    load_device,
+    load_gpu,
+    load_profile_file,
+    profiles_dir,
+)
+from gpusim.hardware.profile import CPUProfile, GPUProfile, LinkProfile, SystemProfile
+
+SHIPPED = sorted(p for folder in ("gpus", "cpus", "links", "systems")
+                 for p in (profiles_dir() / folder).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_shipped_profile_loads(path: Path) -> None:
+    profile = load_profile_file(path)
+    assert profile.name == path.stem
+    assert profile.sources, "every profile cites its sources"
+
+
+@pytest.mark.parametrize("path", sorted((profiles_dir() / "calibration").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_calibration_loads(path: Path) -> None:
+    cal = load_calibration_file(path)
+    assert cal.rationale or cal.fitted_on
+
+
+def test_catalog_has_no_name_clashes() -> None:
+    Catalog.from_dir(profiles_dir())  # raises on a duplicate name or alias
+
+
+def test_systems_name_existing_profiles() -> None:
+    cat = catalog()
+    for system in cat.all(SystemProfile):
+        cat.get(system.gpu, GPUProfile)
+        cat.get(system.intra_node_link, LinkProfile)
+        cat.get(system.host_link, LinkProfile)
+        if system.inter_node_link:
+            cat.get(system.inter_node_link, LinkProfile)
+        if system.cpu:
+            cat.get(system.cpu, CPUProfile)
+
+
+def test_every_device_has_a_calibration() -> None:
+    for device in [*catalog().all(GPUProfile), *catalog().all(CPUProfile)]:
+        assert calibration_for(device).gemm.max_efficiency
+
+
+@pytest.mark.parametrize("name", ["h100", "h100-sxm", "H100 SXM5 80GB", "h100_sxm"])
+def test_aliases_resolve(name: str) -> None:
+    assert load_gpu(name).name == "h100-sxm"
+
+
+def test_unknown_name_suggests_the_closest() -> None:
+    with pytest.raises(UnknownHardware, match="did you mean h100-sxm"):
+        load_device("h100-sxn")
+
+
+def _h100_data() -> dict[str, object]:
+    return dict(yaml.safe_load((profiles_dir() / "gpus" / "h100-sxm.yaml").read_text()))
+
+
+def test_a_figure_without_a_source_is_refused(tmp_path: Path) -> None:
+    data = _h100_data()
+    sources = dict(data["sources"])  # type: ignore[call-overload]
+    del sources["tdp_w"]
+    data["sources"] = sources
+    path = tmp_path / "h100-sxm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InvalidProfile, match="tdp_w has no source"):
+        load_profile_file(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("memory_bandwidth_gb_s", -5, "memory_bandwidth_gb_s"),
+        ("compute_units", 0, "compute_units"),
+        ("tdp_watts", 700, "tdp_watts: Extra inputs are not permitted"),
+        ("vector_tflops", {"fp16": 10.0}, "must state fp32"),
+    ],
+)
+def test_malformed_profiles_name_the_field(tmp_path: Path, field: str, value: object,
+                                           message: str) -> None:
+    data = _h100_data()
+    data[field] = value
+    path = tmp_path / "h100-sxm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InvalidProfile, match=message):
+        load_profile_file(path)
+
+
+def test_a_file_that_is_not_yaml_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(InvalidProfile, match="not valid YAML"):
+        load_profile_file(path)
+
+
+def test_peak_falls_back_to_vector_units_without_tensor_cores(h100: GPUProfile) -> None:
+    flops, unit = h100.peak_flops("fp32", matrix=True)
+    assert unit == "vector" and flops == pytest.approx(66.9e12)
+    flops, unit = h100.peak_flops("bf16", matrix=True)
+    assert unit == "matrix" and flops == pytest.approx(989.4e12)

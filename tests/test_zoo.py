@@ -1,0 +1,79 @@
+"""The zoo matches published parameter counts and FLOPs."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusim.errors import UnknownModel
+from gpusim.workload import zoo
+
+# Published parameter counts: torchvision model docs; Devlin et al. 2019; Radford et al.
+# 2019 (Hugging Face configs); Brown et al. 2020; Meta Llama model cards.
+PUBLISHED = {
+    "resnet50": (25.6e6, 0.01),
+    "vgg16": (138.4e6, 0.01),
+    "alexnet": (61.1e6, 0.01),
+    "bert-base": (110e6, 0.02),
+    "bert-large": (340e6, 0.02),
+    "gpt2": (124e6, 0.01),
+    "gpt2-medium": (355e6, 0.01),
+    "gpt2-xl": (1.5e9, 0.05),
+    "gpt3-125m": (125e6, 0.01),
+    "gpt3-1.3b": (1.3e9, 0.02),
+    "gpt3-175b": (175e9, 0.01),
+    "llama2-7b": (6.74e9, 0.01),
+    "llama3-8b": (8.03e9, 0.01),
+    "llama3-70b": (70.6e9, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_match_published(name: str) -> None:
+    expected, tolerance = PUBLISHED[name]
+    assert zoo.get(name).parameters == pytest.approx(expected, rel=tolerance)
+
+
+def test_resnet50_forward_is_about_4_1_gmac() -> None:
+    # He et al. 2016, Table 1: 3.8e9 FLOPs (multiply-adds) for v1; v1.5 is about 4.1 GMAC.
+    gmac = zoo.get("resnet50").forward_flops_per_sample / 2 / 1e9
+    assert gmac == pytest.approx(4.1, rel=0.03)
+
+
+def test_vgg16_forward_is_about_15_5_gmac() -> None:
+    assert zoo.get("vgg16").forward_flops_per_sample / 2 / 1e9 == pytest.approx(15.5, rel=0.02)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt3-1.3b", "gpt3-175b", "llama3-8b"])
+def test_transformer_step_is_six_n_t_plus_attention(name: str) -> None:
+    model = zoo.get(name)
+    cfg = zoo.transformer_config(name)
+    assert cfg is not None and model.tokens_per_sample
+    s = model.tokens_per_sample
+    # Every parameter in a matrix product costs 6 FLOP per token (forward 2, backward 4);
+    # lookup tables cost nothing, and a tied head multiplies by the token table once more.
+    tables = cfg.vocab * cfg.hidden + (cfg.max_positions or s) * cfg.hidden * (
+        cfg.positions == "learned")
+    head = cfg.vocab * cfg.hidden if cfg.tied_embeddings else 0
+    dense = 6 * (model.parameters - tables + head) * s
+    # Causal fused attention: 2 products of s x s x d per head, halved by the mask, forward
+    # 1x and backward 2.5x (it recomputes the scores).
+    attention = 3.5 * 2 * s * s * cfg.dim_head * cfg.heads * cfg.layers
+    expected = dense + attention
+    assert model.training_flops_per_sample == pytest.approx(expected, rel=0.03)
+
+
+def test_every_zoo_model_builds() -> None:
+    for name in zoo.names():
+        model = zoo.get(name)
+        assert model.parameters > 0 and model.forward_flops_per_sample > 0
+
+
+def test_seq_len_changes_a_transformer_but_not_its_parameters() -> None:
+    short, long = zoo.get("gpt2", seq_len=256), zoo.get("gpt2", seq_len=1024)
+    assert short.parameters == long.parameters
+    assert short.forward_flops_per_sample < long.forward_flops_per_sample
+
+
+def test_unknown_model_suggests() -> None:
+    with pytest.raises(UnknownModel, match="did you mean resnet50"):
+        zoo.get("resnet5")
