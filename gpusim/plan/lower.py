@@ -116,7 +116,7 @@ def optimizer_ops(job: TrainingJob) -> list[Op]:
 
 
 def _host_link(job: TrainingJob) -> LinkProfile | None:
-    if not isinstance(job.device, GPUProfile):
+    if not isinstance(job.device, GPUProfile) or job.loader_workers == 0:
         return None
     return catalog().get(f"pcie{min(job.device.pcie_gen, 5)}", LinkProfile)
 
@@ -137,7 +137,7 @@ def lower(job: TrainingJob) -> StepPlan:
     n = job.microbatch_size
     link = _host_link(job)
     copy_s = 0.0
-    if link is not None and job.loader_workers > 0:
+    if link is not None:
         copy_s = copy_cost(n * job.model.input.host_bytes, link.bandwidth, link.latency,
                            cal.pcie_efficiency)
     # Model FLOPs count forward and backward as executed; recompute is overhead, not progress.

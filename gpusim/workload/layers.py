@@ -197,8 +197,10 @@ class Elementwise(Layer):
         return self.saves * n * self.elements * size
 
 
-def relu(name: str, elements: int, *, block: str = "") -> Elementwise:
-    return Elementwise(name, elements, block=block)
+def relu(name: str, elements: int, *, block: str = "", inplace: bool = False) -> Elementwise:
+    """ReLU. In place (torchvision's CNNs), the output it keeps for backward is the very
+    tensor the next layer keeps as its input, so it adds no memory of its own."""
+    return Elementwise(name, elements, saves=0 if inplace else 1, block=block)
 
 
 def gelu(name: str, elements: int, *, block: str = "") -> Elementwise:

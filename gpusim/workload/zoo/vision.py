@@ -52,7 +52,7 @@ class ShapeBuilder:
         self.layers.append(batch_norm(name, self.c, self.elements, block=self.block))
 
     def relu(self, name: str) -> None:
-        self.layers.append(relu(name, self.elements, block=self.block))
+        self.layers.append(relu(name, self.elements, block=self.block, inplace=True))
 
     def pool(self, name: str, k: int, stride: int, pad: int = 0) -> None:
         before = self.elements
@@ -77,7 +77,7 @@ class ShapeBuilder:
             if drop:
                 self.layers.append(dropout(f"fc{i}.dropout", width, block=self.block))
             self.layers.append(Linear(f"fc{i}", width, out, block=self.block))
-            self.layers.append(relu(f"fc{i}.relu", out, block=self.block))
+            self.layers.append(relu(f"fc{i}.relu", out, block=self.block, inplace=True))
             width = out
         self.layers.append(Linear("fc_out", width, classes, block=self.block))
         self.layers.append(CrossEntropy("loss", classes, block=self.block))
