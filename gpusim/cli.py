@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gpusim import units
@@ -149,6 +150,12 @@ def _profile_row(p: Any) -> dict[str, Any]:
 
 def _profiles(args: argparse.Namespace) -> int:
     if args.action == "check":
+        if Path(args.file).parent.name == "calibration":
+            from gpusim.hardware.calibration import load_calibration_file
+
+            cal = load_calibration_file(args.file)
+            print(f"{args.file}: ok (calibration {cal.name!r}, {cal.status})")
+            return 0
         profile = load_profile_file(args.file)
         if args.json:
             print(json.dumps({"ok": True, **profile.model_dump(mode="json")}, indent=2))
