@@ -14,7 +14,7 @@ from typing import Any
 
 from gpusim import units
 from gpusim.errors import GpusimError, InvalidConfig
-from gpusim.estimate import estimate
+from gpusim.estimate import estimate, resolve_model
 from gpusim.hardware.catalog import catalog, load_profile_file
 from gpusim.hardware.profile import (
     CPUProfile,
@@ -26,6 +26,7 @@ from gpusim.hardware.profile import (
 from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
+from gpusim.workload.numerics import FP32
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
 _DIMENSIONS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
@@ -192,8 +193,6 @@ def _profiles(args: argparse.Namespace) -> int:
 
 
 def _model_info(model: Model, batch: int) -> dict[str, Any]:
-    from gpusim.workload.numerics import FP32
-
     return {
         "name": model.name,
         "family": model.family,
@@ -219,9 +218,6 @@ def _models(args: argparse.Namespace) -> int:
             print(f"{r['name']:14s} {units.human_count(r['parameters']):>12s} "
                   f"{units.human_count(r['forward_flops_per_sample']):>18s}  {r['description']}")
         return 0
-    from gpusim.estimate import resolve_model
-    from gpusim.workload.numerics import FP32
-
     if args.batch_size <= 0:
         raise InvalidConfig(f"batch size must be positive (got {args.batch_size})")
     model = resolve_model(args.name, args.seq_len)

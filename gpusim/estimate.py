@@ -79,7 +79,7 @@ def simulate_step(job: TrainingJob) -> StepResult:
     )
 
 
-def _assumptions(job: TrainingJob, step: StepResult) -> list[str]:
+def _assumptions(job: TrainingJob) -> list[str]:
     num = job.numerics()
     out = [f"matrix products in {num.matmul}, convolutions in {num.conv}, activations in "
            f"{num.activation}; weights, gradients and optimizer states in fp32"]
@@ -147,5 +147,5 @@ def estimate(
         price_source=f"{quote.provider}, {quote.date}" if quote else None,
         average_power_w=power,
         calibration=f"{cal.name} ({cal.status})",
-        assumptions=_assumptions(job, step),
+        assumptions=_assumptions(job),
     )

@@ -18,7 +18,7 @@ from gpusim.hardware.profile import GPUProfile, LinkProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.workload.layers import Layer
 from gpusim.workload.numerics import Numerics
-from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
+from gpusim.workload.ops import DTYPE_BYTES, Op, Phase
 
 # PyTorch's foreach optimizers handle about this many tensors per fused kernel launch.
 TENSORS_PER_OPTIMIZER_KERNEL = 100
@@ -64,9 +64,9 @@ def _first_trainable(job: TrainingJob) -> int:
 def _forward_ops(layer: Layer, job: TrainingJob, num: Numerics, phase: Phase) -> list[Op]:
     ops = []
     if job.mixed_precision and layer.params and job.device.is_gpu:
-        cast = memory_op(f"{layer.name}.cast_weight", layer.params, layer.params,
-                         (DTYPE_BYTES["fp32"] + num.act_bytes) / 2, 0)
-        ops.append(Op(cast.name, "memory", 0.0, cast.bytes, "fp32", layer.name))
+        # Read the fp32 weight, write its copy in the compute type.
+        moved = layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes)
+        ops.append(Op(f"{layer.name}.cast_weight", "memory", 0.0, moved, "fp32", layer.name))
     ops += layer.forward(job.microbatch_size, num)
     return [op.with_phase(phase) for op in ops]
 

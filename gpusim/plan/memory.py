@@ -88,15 +88,8 @@ def activation_bytes(job: TrainingJob) -> float:
             per_block[lay.block] += lay.saved_bytes(n, num)
         else:
             total += lay.saved_bytes(n, num)
-        previous_out = _out_elements(lay)
+        previous_out = lay.out_elements
     return total + max(per_block.values(), default=0.0)
-
-
-def _out_elements(layer: object) -> int:
-    try:
-        return int(layer.out_elements)  # type: ignore[attr-defined]
-    except NotImplementedError:
-        return 0
 
 
 def memory_plan(job: TrainingJob) -> MemoryPlan:
@@ -108,7 +101,7 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
     trainable = sum(lay.params for lay in layers if job.is_trainable(lay.name))
     copies = params * num.act_bytes if job.mixed_precision and job.device.is_gpu else 0.0
     # The largest layer output and its gradient alive together during backward.
-    transient = max((2 * n * _out_elements(lay) * num.act_bytes for lay in layers), default=0)
+    transient = max((2 * n * lay.out_elements * num.act_bytes for lay in layers), default=0)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
     return MemoryPlan(
         weights=4.0 * params,

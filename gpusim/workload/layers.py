@@ -9,7 +9,7 @@ frozen layers).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import GemmShape, Op, gemm_op, memory_op
@@ -28,8 +28,8 @@ class Layer(ABC):
 
     @property
     def out_elements(self) -> int:
-        """Output elements per sample."""
-        raise NotImplementedError
+        """Output elements per sample (0 for a layer whose output is a scalar loss)."""
+        return 0
 
     @abstractmethod
     def forward(self, n: int, num: Numerics) -> list[Op]:
@@ -48,8 +48,7 @@ class Layer(ABC):
         return 0.0
 
     def _tag(self, ops: list[Op]) -> list[Op]:
-        return [Op(o.name, o.kind, o.flops, o.bytes, o.math, self.name, o.phase, o.gemm)
-                for o in ops]
+        return [replace(o, layer=self.name) for o in ops]
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ class Conv2d(Layer):
 
     def _conv(self, name: str, shape: GemmShape, n: int, num: Numerics) -> Op:
         op = gemm_op(name, shape, num.conv, num.act_bytes, kind="conv")
-        return Op(op.name, op.kind, op.flops, self._bytes(n, num), op.math, gemm=shape)
+        return replace(op, bytes=self._bytes(n, num))
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw

@@ -10,7 +10,7 @@ once (what a well-fused kernel moves); matrix products are (m x k) @ (k x n), ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 OpKind = Literal["gemm", "conv", "attention", "memory"]
@@ -66,8 +66,7 @@ class Op:
     gemm: GemmShape | None = None
 
     def with_phase(self, phase: Phase) -> Op:
-        return Op(self.name, self.kind, self.flops, self.bytes, self.math, self.layer, phase,
-                  self.gemm)
+        return replace(self, phase=phase)
 
 
 def gemm_op(name: str, shape: GemmShape, math: str, element_bytes: float,
