@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpusim import units
+from gpusim import cli_validation, units
 from gpusim.errors import GpusimError, InvalidConfig
 from gpusim.estimate import estimate, resolve_model
 from gpusim.hardware.catalog import catalog, load_profile_file
@@ -93,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     ms.add_argument("--batch-size", type=int, default=1,
                     help="batch for the activation-memory figure (default 1)")
     ms.add_argument("--json", action="store_true")
+    cli_validation.add_parsers(sub)
     return p
 
 
@@ -247,7 +248,8 @@ def _models(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"estimate": _estimate, "profiles": _profiles, "models": _models}
+    handlers = {"estimate": _estimate, "profiles": _profiles, "models": _models,
+                **cli_validation.HANDLERS}
     try:
         return handlers[args.command](args)
     except GpusimError as exc:

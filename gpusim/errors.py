@@ -50,3 +50,11 @@ class OutOfMemory(GpusimError):
         super().__init__(message)
         self.required_bytes = required_bytes
         self.available_bytes = available_bytes
+
+
+class InvalidMeasurement(GpusimError):
+    """A measurement file is missing, malformed, or of the wrong suite for the task."""
+
+
+class MissingDependency(GpusimError):
+    """An optional package (torch, for measuring) is not installed."""

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from gpusim.errors import InvalidConfig
-from gpusim.hardware.calibration import calibration_for
+from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPrecision
@@ -57,11 +57,12 @@ def training_steps(model: Model, batch_size: int, *, epochs: float | None = None
     return math.ceil(epochs * dataset_size / batch_size)
 
 
-def simulate_step(job: TrainingJob) -> StepResult:
-    """Simulate one optimizer step of ``job`` (raises OutOfMemory if it does not fit)."""
+def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> StepResult:
+    """Simulate one optimizer step of ``job`` (raises OutOfMemory if it does not fit);
+    ``calibration`` replaces the device's own, e.g. one fitted on another GPU."""
     mem = memory_plan(job)
     check_fits(job, mem)
-    plan = lower(job)
+    plan = lower(job, calibration)
     sim = simulate(plan, on_gpu=job.device.is_gpu)
     peak, _ = job.device.peak_flops(job.numerics().matmul, matrix=True)  # type: ignore[arg-type]
     return StepResult(

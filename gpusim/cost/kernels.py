@@ -80,9 +80,18 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
         compute_s = op.flops / (peak * eff)
         ramp = units.us(cal.gemm.ramp_us)
     bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"
-    seconds = max(compute_s, memory_s) + ramp + overhead
+    seconds = max(compute_s, memory_s) + ramp + overhead + first_touch_cost(op, cal)
     achieved = op.flops / (seconds * peak) if op.flops else 0.0
     return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved)
+
+
+def first_touch_cost(op: Op, cal: Calibration) -> float:
+    """Page faults of a fresh large allocation: a CPU's allocator returns big blocks to the
+    OS when freed, so each new one is mapped again page by page as it is first written."""
+    rate = cal.memory.first_touch_gb_s
+    if rate is None or op.alloc_bytes < cal.memory.first_touch_min_mib * 2**20:
+        return 0.0
+    return op.alloc_bytes / units.gb_s(rate)
 
 
 def host_cost(device: DeviceProfile, cal: Calibration) -> float:
@@ -93,3 +102,12 @@ def host_cost(device: DeviceProfile, cal: Calibration) -> float:
 def copy_cost(n_bytes: float, link_bandwidth: float, latency: float, efficiency: float) -> float:
     """Seconds to copy ``n_bytes`` over a link (host-to-device): latency plus bytes/bandwidth."""
     return latency + n_bytes / (link_bandwidth * efficiency)
+
+
+def loop_seconds(ops: list[Op], device: DeviceProfile, cal: Calibration) -> float:
+    """Seconds per iteration when ``ops`` run back to back in a loop, as a benchmark times
+    them: on a CPU the host dispatches and computes in turn; on a GPU the host runs ahead
+    and the slower of the two (dispatching, or the kernels) sets the pace."""
+    host = host_cost(device, cal) * len(ops)
+    kernels = sum(kernel_cost(op, device, cal).seconds for op in ops)
+    return max(host, kernels) if device.is_gpu else host + kernels

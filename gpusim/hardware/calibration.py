@@ -50,6 +50,12 @@ class GemmCalibration(Frozen):
 class MemoryCalibration(Frozen):
     max_efficiency: Fraction = Field(description="achieved fraction of peak memory bandwidth")
     ramp_us: NonNegative = Field(description="fixed time a memory-bound kernel loses")
+    first_touch_gb_s: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="CPUs: rate the OS maps the fresh pages of a large new allocation "
+                          "(none on GPUs, whose caching allocator reuses memory)")
+    first_touch_min_mib: NonNegative = Field(
+        32.0, description="allocations at least this large come fresh from the OS (glibc's "
+                          "largest mmap threshold on 64-bit, 32 MiB: mallopt(3))")
 
 
 class OverheadCalibration(Frozen):

@@ -9,19 +9,33 @@ casts each weight to the compute type once per forward.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
 from gpusim.plan.job import TrainingJob
-from gpusim.workload.layers import Layer
+from gpusim.workload.layers import Conv2d, Layer, Linear
 from gpusim.workload.numerics import Numerics
-from gpusim.workload.ops import DTYPE_BYTES, Op, Phase
+from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
 
 # PyTorch's foreach optimizers handle about this many tensors per fused kernel launch.
 TENSORS_PER_OPTIMIZER_KERNEL = 100
+
+# The elementwise passes PyTorch's optimizers make over each parameter tensor, as
+# torch/optim/adam.py and sgd.py write them (the single-tensor loop that CPU tensors take and
+# the foreach kernels CUDA tensors take run the same passes): (op, tensors read, tensors
+# written, whether the result is a new tensor). Adam's ``step += 1`` is a one-element op.
+_ADAM = [("step", 0, 0, False), ("lerp_", 2, 1, False), ("mul_", 1, 1, False),
+         ("addcmul_", 2, 1, False), ("sqrt", 1, 1, True), ("div", 1, 1, True),
+         ("add_", 1, 1, False), ("addcdiv_", 3, 1, False)]
+OPTIMIZER_PASSES: dict[str, list[tuple[str, int, int, bool]]] = {
+    "adam": _ADAM,
+    "adamw": [("mul_", 1, 1, False), *_ADAM],  # decoupled weight decay first
+    "sgd": [("add_", 2, 1, False)],
+    "sgd-momentum": [("mul_", 1, 1, False), ("add_", 2, 1, False), ("add_", 2, 1, False)],
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +75,33 @@ def _first_trainable(job: TrainingJob) -> int:
     return len(job.model.layers)
 
 
+def _autocast(layer: Layer, job: TrainingJob) -> bool:
+    """Autocast runs matrix products and convolutions in the low precision, casting their
+    fp32 weights once per forward; norms and embeddings keep fp32 weights."""
+    return job.mixed_precision and layer.params > 0 and isinstance(layer, (Linear, Conv2d))
+
+
 def _forward_ops(layer: Layer, job: TrainingJob, num: Numerics, phase: Phase) -> list[Op]:
     ops = []
-    if job.mixed_precision and layer.params and job.device.is_gpu:
+    if _autocast(layer, job):
         # Read the fp32 weight, write its copy in the compute type.
-        moved = layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes)
-        ops.append(Op(f"{layer.name}.cast_weight", "memory", 0.0, moved, "fp32", layer.name))
+        ops.append(memory_op(f"{layer.name}.cast_weight", layer.params, 0, DTYPE_BYTES["fp32"],
+                             0))
+        ops[-1] = replace(ops[-1], layer=layer.name,
+                          bytes=layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes),
+                          alloc_bytes=layer.params * num.act_bytes)
     ops += layer.forward(job.microbatch_size, num)
     return [op.with_phase(phase) for op in ops]
+
+
+def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
+    """The weight gradient, then (under autocast) its cast back to an fp32 gradient."""
+    ops = layer.backward_weight(job.microbatch_size, num)
+    if _autocast(layer, job):
+        moved = layer.params * (num.act_bytes + DTYPE_BYTES["fp32"])
+        ops.append(Op(f"{layer.name}.cast_grad", "memory", 0.0, moved, "fp32", layer.name,
+                      alloc_bytes=layer.params * DTYPE_BYTES["fp32"]))
+    return ops
 
 
 def microbatch_ops(job: TrainingJob) -> list[Op]:
@@ -92,27 +125,37 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
         if i > first:
             ops += [op.with_phase("backward") for op in layer.backward_input(n, num)]
         if layer.params and job.is_trainable(layer.name):
-            ops += [op.with_phase("backward") for op in layer.backward_weight(n, num)]
+            ops += [op.with_phase("backward") for op in _weight_grad_ops(layer, job, num)]
     return ops
 
 
 def optimizer_ops(job: TrainingJob) -> list[Op]:
-    """The optimizer step over trainable parameters, as foreach kernels."""
-    trainable = [lay for lay in job.model.layers if lay.params and job.is_trainable(lay.name)]
-    params = sum(lay.params for lay in trainable)
-    if not params:
+    """The optimizer step over the trainable tensors, pass by pass: on a GPU each pass is a
+    few foreach kernels over lists of tensors; on a CPU, one op per tensor (PyTorch's
+    single-tensor loop, its default for CPU tensors)."""
+    sizes = [size for lay in job.model.layers if lay.params and job.is_trainable(lay.name)
+             for size in lay.tensor_sizes()]
+    if not sizes:
         return []
-    # Bytes per parameter: read weight and gradient (fp32), read and write states, write weight.
-    per_param = {"adam": 28, "adamw": 28, "sgd-momentum": 20, "sgd": 12}[job.optimizer]
+    passes = list(OPTIMIZER_PASSES[job.optimizer])
     if job.precision == "fp16":
-        per_param += 8  # GradScaler: unscale and check gradients for inf/nan
-    tensors = sum(2 if getattr(lay, "bias", False) else 1 for lay in trainable)
-    kernels = max(1, math.ceil(tensors / TENSORS_PER_OPTIMIZER_KERNEL))
-    return [
-        Op(f"optimizer.{job.optimizer}.{i}", "memory", 4.0 * params / kernels,
-           per_param * params / kernels, "fp32", "optimizer", "optimizer")
-        for i in range(kernels)
-    ]
+        passes.insert(0, ("unscale_", 1, 1, False))  # GradScaler: unscale, check for inf/nan
+    fp32 = DTYPE_BYTES["fp32"]
+    if job.device.is_gpu:
+        groups = math.ceil(len(sizes) / TENSORS_PER_OPTIMIZER_KERNEL)
+        total = sum(sizes)
+        chunks = [total / groups] * groups
+    else:
+        chunks = [float(s) for s in sizes]
+    ops = []
+    for name, reads, writes, allocates in passes:
+        for i, elements in enumerate(chunks):
+            if name == "step":
+                elements, reads, writes = 1.0, 1, 1
+            op = memory_op(f"optimizer.{name}.{i}", reads * elements, writes * elements, fp32,
+                           allocates=allocates)
+            ops.append(replace(op, layer="optimizer", phase="optimizer"))
+    return ops
 
 
 def _host_link(job: TrainingJob) -> LinkProfile | None:
@@ -127,9 +170,10 @@ def _to_kernel(op: Op, job: TrainingJob, cal: Calibration, host_s: float) -> Ker
                   cost.bound)
 
 
-def lower(job: TrainingJob) -> StepPlan:
-    """The step plan of ``job``, every kernel costed for its device."""
-    cal = calibration_for(job.device)
+def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
+    """The step plan of ``job``, every kernel costed for its device (under ``calibration``
+    when given, else the device's own)."""
+    cal = calibration or calibration_for(job.device)
     host_s = host_cost(job.device, cal)
     ops = microbatch_ops(job)
     micro = tuple(_to_kernel(op, job, cal, host_s) for op in ops)

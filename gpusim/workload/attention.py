@@ -53,8 +53,10 @@ class Attention(Layer):
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         if self.fused:
+            out = n * self.seq * self.heads * self.head_dim * num.act_bytes
             return self._tag([Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
-                                 self._qkvo_elements(n) * num.act_bytes, num.matmul)])
+                                 self._qkvo_elements(n) * num.act_bytes, num.matmul,
+                                 alloc_bytes=out)])
         scores = n * self.heads * self.seq**2
         ops = self._score_gemms(n, ("qk",), num)
         ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
@@ -66,8 +68,10 @@ class Attention(Layer):
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         if self.fused:
             moved = (self._qkvo_elements(n) * 2) * num.act_bytes
+            grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
             return self._tag([Op(f"{self.name}.flash_bwd", "attention",
-                                 2.5 * self._fused_flops(n), moved, num.matmul)])
+                                 2.5 * self._fused_flops(n), moved, num.matmul,
+                                 alloc_bytes=grads)])
         scores = n * self.heads * self.seq**2
         ops = self._score_gemms(n, ("dv", "dp"), num)
         if self.dropout:
@@ -140,12 +144,14 @@ class CrossEntropy(Layer):
     def forward(self, n: int, num: Numerics) -> list[Op]:
         e = n * self.rows * self.classes
         moved = e * (num.act_bytes + 2 * DTYPE_BYTES["fp32"])
-        return self._tag([Op(f"{self.name}.fwd", "memory", 5 * e, moved, "fp32")])
+        return self._tag([Op(f"{self.name}.fwd", "memory", 5 * e, moved, "fp32",
+                             alloc_bytes=e * DTYPE_BYTES["fp32"])])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         e = n * self.rows * self.classes
         moved = e * (DTYPE_BYTES["fp32"] + num.act_bytes)
-        return self._tag([Op(f"{self.name}.bwd", "memory", 2 * e, moved, "fp32")])
+        return self._tag([Op(f"{self.name}.bwd", "memory", 2 * e, moved, "fp32",
+                             alloc_bytes=e * num.act_bytes)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.rows * self.classes * DTYPE_BYTES["fp32"]

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from gpusim.errors import InvalidModel, InvalidProfile
 from gpusim.hardware.catalog import format_validation_error, read_yaml
+from gpusim.workload import zoo
 from gpusim.workload.attention import CrossEntropy
 from gpusim.workload.layers import Linear, dropout, gelu, relu
 from gpusim.workload.model import InputSpec, Model
@@ -103,7 +104,7 @@ def _add(b: ShapeBuilder, name: str, spec: dict[str, Any]) -> None:
         b.layers.append(make(name, b.elements))
     elif kind in ("maxpool", "avgpool"):
         k = int(spec.get("kernel", 2))
-        b.pool(name, k, int(spec.get("stride", k)), int(spec.get("padding", 0)))
+        b.pool(name, k, int(spec.get("stride", k)), int(spec.get("padding", 0)), op=kind)
     elif kind == "global_avgpool":
         b.global_pool(name)
     elif kind == "flatten":
@@ -117,3 +118,11 @@ def _add(b: ShapeBuilder, name: str, spec: dict[str, Any]) -> None:
     else:
         raise ValueError("unknown type; use conv2d, batchnorm, relu, gelu, dropout, maxpool, "
                          "avgpool, global_avgpool, flatten, linear or cross_entropy")
+
+
+def model_from_spec(spec: dict[str, Any]) -> Model:
+    """A model from a compact spec, as measurement files record it: ``{"zoo": name,
+    "seq_len": S, "image_size": P}`` for a zoo model, or a transformer mapping as in YAML."""
+    if "zoo" in spec:
+        return zoo.get(str(spec["zoo"]), spec.get("seq_len"), spec.get("image_size"))
+    return model_from_dict(spec, str(spec.get("name", "model spec")), spec.get("seq_len"))

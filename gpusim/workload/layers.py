@@ -43,6 +43,10 @@ class Layer(ABC):
         """Ops computing the gradient with respect to the layer's parameters."""
         return []
 
+    def tensor_sizes(self) -> list[int]:
+        """Elements of each trainable tensor (an optimizer updates them one by one)."""
+        return [self.params] if self.params else []
+
     def saved_bytes(self, n: int, num: Numerics) -> float:
         """Bytes this layer keeps from forward until its backward runs."""
         return 0.0
@@ -66,6 +70,12 @@ class Linear(Layer):
         if self.shared:
             return 0
         return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+    def tensor_sizes(self) -> list[int]:
+        if self.shared:
+            return []
+        weight = [self.in_features * self.out_features]
+        return [*weight, self.out_features] if self.bias else weight
 
     @property
     def out_elements(self) -> int:
@@ -111,6 +121,10 @@ class Conv2d(Layer):
     def params(self) -> int:
         weights = self.out_channels * self.in_channels // self.groups * self.kernel**2
         return weights + (self.out_channels if self.bias else 0)
+
+    def tensor_sizes(self) -> list[int]:
+        weight = [self.params - (self.out_channels if self.bias else 0)]
+        return [*weight, self.out_channels] if self.bias else weight
 
     @property
     def out_elements(self) -> int:
@@ -169,6 +183,16 @@ class Elementwise(Layer):
     flops_per_element: float = 1.0
     param_count: int = 0
     has_backward_kernel: bool = True
+    # Which PyTorch op this is (relu, layer_norm, maxpool, ...) and its settings (channels,
+    # width, kernel/stride/padding): what the measurement runner builds the real op from.
+    op: str = ""
+    args: tuple[int, ...] = ()
+    inplace: bool = False  # writes over its input: no new tensor
+
+    def tensor_sizes(self) -> list[int]:
+        if self.op in ("batch_norm", "layer_norm"):  # weight and bias
+            return [self.param_count // 2] * 2
+        return super().tensor_sizes()
 
     @property
     def params(self) -> int:
@@ -181,7 +205,8 @@ class Elementwise(Layer):
     def forward(self, n: int, num: Numerics) -> list[Op]:
         e = n * self.elements
         return self._tag([memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e,
-                                    num.act_bytes, self.flops_per_element)])
+                                    num.act_bytes, self.flops_per_element,
+                                    allocates=not self.inplace)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         if not self.has_backward_kernel:
@@ -199,51 +224,55 @@ class Elementwise(Layer):
 def relu(name: str, elements: int, *, block: str = "", inplace: bool = False) -> Elementwise:
     """ReLU. In place (torchvision's CNNs), the output it keeps for backward is the very
     tensor the next layer keeps as its input, so it adds no memory of its own."""
-    return Elementwise(name, elements, saves=0 if inplace else 1, block=block)
+    return Elementwise(name, elements, saves=0 if inplace else 1, block=block, op="relu",
+                       inplace=inplace)
 
 
 def gelu(name: str, elements: int, *, block: str = "") -> Elementwise:
-    return Elementwise(name, elements, flops_per_element=8, block=block)
+    return Elementwise(name, elements, flops_per_element=8, block=block, op="gelu")
 
 
 def swiglu(name: str, elements: int, *, block: str = "") -> Elementwise:
     """silu(a) * b on two inputs of ``elements`` each, one output."""
     return Elementwise(name, elements, reads=2, bwd_reads=3, bwd_writes=2, saves=2,
-                       flops_per_element=6, block=block)
+                       flops_per_element=6, block=block, op="swiglu")
 
 
 def dropout(name: str, elements: int, *, block: str = "") -> Elementwise:
     """Keeps a one-byte mask; writes the mask in forward, reads it in backward."""
     return Elementwise(name, elements, writes=1.25, bwd_reads=1.25, saves=1,
-                       saved_element_bytes=1, block=block)
+                       saved_element_bytes=1, block=block, op="dropout")
 
 
 def residual_add(name: str, elements: int, *, block: str = "") -> Elementwise:
     """x + f(x); in backward the gradient fans out and autograd accumulates it once."""
-    return Elementwise(name, elements, reads=2, bwd_reads=2, saves=0, block=block)
+    return Elementwise(name, elements, reads=2, bwd_reads=2, saves=0, block=block, op="add")
 
 
 def batch_norm(name: str, channels: int, elements: int, *, block: str = "") -> Elementwise:
     """Training-mode batch norm: a statistics pass, then normalize (cuDNN's two-pass kernels)."""
     return Elementwise(name, elements, reads=2, bwd_reads=3, flops_per_element=4,
-                       param_count=2 * channels, block=block)
+                       param_count=2 * channels, block=block, op="batch_norm", args=(channels,))
 
 
 def layer_norm(name: str, width: int, rows: int, *, block: str = "") -> Elementwise:
     return Elementwise(name, width * rows, flops_per_element=5, param_count=2 * width,
-                       block=block)
+                       block=block, op="layer_norm", args=(width,))
 
 
 def rms_norm(name: str, width: int, rows: int, *, block: str = "") -> Elementwise:
-    return Elementwise(name, width * rows, flops_per_element=4, param_count=width, block=block)
+    return Elementwise(name, width * rows, flops_per_element=4, param_count=width, block=block,
+                       op="rms_norm", args=(width,))
 
 
 def softmax(name: str, elements: int, *, block: str = "") -> Elementwise:
-    return Elementwise(name, elements, flops_per_element=5, block=block)
+    return Elementwise(name, elements, flops_per_element=5, block=block, op="softmax")
 
 
-def pool(name: str, in_elements: int, out_elements: int, *, block: str = "") -> Elementwise:
-    """Max or average pooling: reads the input, writes the (smaller) output."""
+def pool(name: str, in_elements: int, out_elements: int, *, block: str = "",
+         op: str = "maxpool", args: tuple[int, ...] = ()) -> Elementwise:
+    """Pooling: reads the input, writes the (smaller) output. ``op`` is maxpool or avgpool
+    with ``args`` (kernel, stride, padding), or adaptive_avgpool with ``args`` (size,)."""
     ratio = in_elements / max(out_elements, 1)
     return Elementwise(name, out_elements, reads=ratio, bwd_reads=1 + ratio / 4,
-                       bwd_writes=ratio, saves=ratio, block=block)
+                       bwd_writes=ratio, saves=ratio, block=block, op=op, args=args)

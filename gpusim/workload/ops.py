@@ -64,6 +64,9 @@ class Op:
     layer: str = ""
     phase: Phase = "forward"
     gemm: GemmShape | None = None
+    # Bytes of new output the op allocates (eager PyTorch allocates every result; in-place
+    # ops none). Large fresh allocations cost a CPU page faults on first touch.
+    alloc_bytes: float = 0.0
 
     def with_phase(self, phase: Phase) -> Op:
         return replace(self, phase=phase)
@@ -71,16 +74,19 @@ class Op:
 
 def gemm_op(name: str, shape: GemmShape, math: str, element_bytes: float,
             kind: OpKind = "gemm") -> Op:
-    """A matrix product (or a convolution lowered to one)."""
-    return Op(name, kind, shape.flops, shape.bytes(element_bytes), math, gemm=shape)
+    """A matrix product (or a convolution lowered to one), writing a new result."""
+    out = element_bytes * shape.batch * shape.m * shape.n
+    return Op(name, kind, shape.flops, shape.bytes(element_bytes), math, gemm=shape,
+              alloc_bytes=out)
 
 
 def memory_op(name: str, elements_read: float, elements_written: float, element_bytes: float,
-              flops_per_element: float = 1.0) -> Op:
+              flops_per_element: float = 1.0, *, allocates: bool = True) -> Op:
     """An elementwise, normalization, reduction or copy kernel: bound by the bytes it moves.
 
     ``flops_per_element`` counts arithmetic per element written; it matters only on devices
-    whose arithmetic is slow next to their memory (CPUs with narrow SIMD).
+    whose arithmetic is slow next to their memory (CPUs with narrow SIMD). ``allocates``:
+    the written elements are a new tensor (False for in-place ops).
     """
     return Op(
         name,
@@ -88,4 +94,5 @@ def memory_op(name: str, elements_read: float, elements_written: float, element_
         flops_per_element * elements_written,
         element_bytes * (elements_read + elements_written),
         "fp32",
+        alloc_bytes=element_bytes * elements_written if allocates else 0.0,
     )

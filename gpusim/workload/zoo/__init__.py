@@ -14,7 +14,7 @@ from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TRANSFORMERS, TransformerConfig, build_transformer
 from gpusim.workload.zoo.vision import alexnet, mnist_cnn, mnist_mlp, resnet50, vgg16
 
-_VISION: dict[str, Callable[[], Model]] = {
+_VISION: dict[str, Callable[..., Model]] = {
     "mnist-mlp": mnist_mlp,
     "mnist-cnn": mnist_cnn,
     "alexnet": alexnet,
@@ -47,11 +47,21 @@ def transformer_config(name: str) -> TransformerConfig | None:
     return TRANSFORMERS.get(_resolve(name))
 
 
-def get(name: str, seq_len: int | None = None) -> Model:
-    """Build zoo model ``name``; ``seq_len`` applies to transformers only."""
+# ImageNet CNNs whose input resolution may be changed (MNIST models are fixed at 28x28).
+_RESIZABLE = ("alexnet", "vgg16", "resnet50")
+
+
+def get(name: str, seq_len: int | None = None, image_size: int | None = None) -> Model:
+    """Build zoo model ``name``; ``seq_len`` applies to transformers, ``image_size`` (square
+    input, default 224) to the ImageNet CNNs."""
     key = _resolve(name)
     if key in _VISION:
-        return _VISION[key]()
+        if image_size is None:
+            return _VISION[key]()
+        if key not in _RESIZABLE:
+            raise UnknownModel(f"{key} has a fixed input size; image_size applies to "
+                               f"{', '.join(_RESIZABLE)}")
+        return _VISION[key](image_size)
     return build_transformer(TRANSFORMERS[key], seq_len)
 
 

@@ -54,16 +54,18 @@ class ShapeBuilder:
     def relu(self, name: str) -> None:
         self.layers.append(relu(name, self.elements, block=self.block, inplace=True))
 
-    def pool(self, name: str, k: int, stride: int, pad: int = 0) -> None:
+    def pool(self, name: str, k: int, stride: int, pad: int = 0, op: str = "maxpool") -> None:
         before = self.elements
         self.h = (self.h + 2 * pad - k) // stride + 1
         self.w = (self.w + 2 * pad - k) // stride + 1
-        self.layers.append(pool(name, before, self.elements, block=self.block))
+        self.layers.append(pool(name, before, self.elements, block=self.block, op=op,
+                                args=(k, stride, pad)))
 
     def global_pool(self, name: str, size: int = 1) -> None:
         before = self.elements
         self.h = self.w = size
-        self.layers.append(pool(name, before, self.elements, block=self.block))
+        self.layers.append(pool(name, before, self.elements, block=self.block,
+                                op="adaptive_avgpool", args=(size,)))
 
     @property
     def elements(self) -> int:
@@ -81,6 +83,13 @@ class ShapeBuilder:
             width = out
         self.layers.append(Linear("fc_out", width, classes, block=self.block))
         self.layers.append(CrossEntropy("loss", classes, block=self.block))
+
+
+def _imagenet_input(image_size: int) -> InputSpec:
+    if image_size == 224:
+        return IMAGENET_INPUT
+    return InputSpec(3 * image_size**2, IMAGENET_INPUT.loader_cpu_s,
+                     f"ImageNet JPEG, decoded and cropped to {image_size}x{image_size} uint8")
 
 
 def mnist_mlp() -> Model:
@@ -108,8 +117,8 @@ def mnist_cnn() -> Model:
                  description="PyTorch examples/mnist CNN: two 3x3 convolutions, max-pool, two FC")
 
 
-def alexnet() -> Model:
-    b = ShapeBuilder(3, 224, 224)
+def alexnet(image_size: int = 224) -> Model:
+    b = ShapeBuilder(3, image_size, image_size)
     for i, (out, k, s, p, pooled) in enumerate(
         [(64, 11, 4, 2, True), (192, 5, 1, 2, True), (384, 3, 1, 1, False),
          (256, 3, 1, 1, False), (256, 3, 1, 1, True)]
@@ -121,12 +130,12 @@ def alexnet() -> Model:
             b.pool(f"maxpool{i + 1}", 3, 2)
     b.global_pool("avgpool", 6)
     b.classifier([4096, 4096], 1000, drop=True)
-    return Model("alexnet", tuple(b.layers), IMAGENET_INPUT, "cnn",
+    return Model("alexnet", tuple(b.layers), _imagenet_input(image_size), "cnn",
                  description="AlexNet as in torchvision (61.1M parameters)")
 
 
-def vgg16() -> Model:
-    b = ShapeBuilder(3, 224, 224)
+def vgg16(image_size: int = 224) -> Model:
+    b = ShapeBuilder(3, image_size, image_size)
     stage = 0
     for i, v in enumerate([64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
                            512, 512, 512, "M", 512, 512, 512, "M"]):
@@ -139,7 +148,7 @@ def vgg16() -> Model:
             b.relu(f"relu{i}")
     b.global_pool("avgpool", 7)
     b.classifier([4096, 4096], 1000, drop=True)
-    return Model("vgg16", tuple(b.layers), IMAGENET_INPUT, "cnn",
+    return Model("vgg16", tuple(b.layers), _imagenet_input(image_size), "cnn",
                  description="VGG16 (configuration D) as in torchvision (138.4M parameters)")
 
 
@@ -162,8 +171,8 @@ def _bottleneck(b: ShapeBuilder, name: str, width: int, stride: int, downsample:
     b.relu(f"{name}.relu3")
 
 
-def resnet50() -> Model:
-    b = ShapeBuilder(3, 224, 224)
+def resnet50(image_size: int = 224) -> Model:
+    b = ShapeBuilder(3, image_size, image_size)
     b.block = "stem"
     b.conv("conv1", 64, 7, 2, 3)
     b.bn("bn1")
@@ -177,6 +186,6 @@ def resnet50() -> Model:
     b.block = "classifier"
     b.layers += [Linear("fc", 2048, 1000, block="classifier"),
                  CrossEntropy("loss", 1000, block="classifier")]
-    return Model("resnet50", tuple(b.layers), IMAGENET_INPUT, "cnn",
+    return Model("resnet50", tuple(b.layers), _imagenet_input(image_size), "cnn",
                  description="ResNet-50 v1.5 (stride on the 3x3 convolution), 25.6M parameters",
                  source="He et al. 2016; torchvision resnet50")

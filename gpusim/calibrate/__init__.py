@@ -1,0 +1,1 @@
+"""Calibration: fitting a device's efficiencies to its measured micro suite."""

@@ -1,0 +1,222 @@
+"""``gpusim calibrate``: fit a device's efficiencies to its micro suite, and nothing else.
+
+Each group of parameters is fitted to the cases that exercise it, in an order where later
+groups rest on earlier ones: host dispatch and the per-kernel gap (read off directly), memory
+efficiency and ramp (elementwise kernels that reuse their buffers), the matrix efficiency of
+each precision with one ramp (GEMMs), then the convolution and attention factors, PCIe
+efficiency (pinned copies), and on a CPU the page-fault rate of fresh large allocations
+(elementwise kernels that allocate their output). The objective is the mean absolute log
+ratio of predicted to measured time, so a case twice too slow weighs as much as one twice
+too fast. Search is a
+log-spaced grid per parameter, refined around the best, in a few rounds of coordinate
+descent: no parameter can leave its schema range, and the result is deterministic.
+
+The input must be a micro-suite file; a models-suite file is refused, so no validation data
+can enter a fit.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpusim.calibrate.micro_ops import predict
+from gpusim.errors import InvalidMeasurement
+from gpusim.hardware.calibration import Calibration, calibration_for
+from gpusim.hardware.catalog import catalog, profiles_dir
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.measure import results
+
+Path_ = tuple[str, ...]  # a parameter's place in the calibration, e.g. ("gemm", "ramp_us")
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class GroupFit:
+    """How well one group of micro cases is predicted, before and after the fit."""
+
+    group: str
+    cases: int
+    parameters: dict[str, float]
+    error_before: float  # mean absolute relative error, as a fraction
+    error_after: float
+    worst_case: str
+    worst_error: float  # signed relative error of the worst case after the fit
+
+
+@dataclass(frozen=True)
+class FitResult:
+    calibration: Calibration
+    groups: list[GroupFit]
+    source: str
+
+
+def _get(data: dict[str, Any], path: Path_) -> float:
+    node: Any = data
+    for key in path:
+        node = node[key]
+    return float(node)
+
+
+def _set(data: dict[str, Any], path: Path_, value: float) -> None:
+    node: Any = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+def _log_error(cases: list[dict[str, Any]], device: DeviceProfile, cal: Calibration) -> float:
+    return statistics.fmean(abs(math.log(predict(c, device, cal) / c["median_s"]))
+                            for c in cases)
+
+
+def _relative_errors(cases: list[dict[str, Any]], device: DeviceProfile,
+                     cal: Calibration) -> list[tuple[float, str]]:
+    return [(predict(c, device, cal) / c["median_s"] - 1, c["id"]) for c in cases]
+
+
+def _search(lo: float, hi: float, score: Callable[[float], float], zero: bool) -> float:
+    """Best value on a log grid over [lo, hi] (and 0 when allowed), refined twice."""
+    grid = [lo * (hi / lo) ** (i / 40) for i in range(41)]
+    best = min(([0.0] if zero else []) + grid, key=score)
+    for _ in range(2):
+        if best == 0.0:
+            break
+        step = (hi / lo) ** (1 / 40)
+        grid = [best * step ** (i / 10 - 1) for i in range(21)]
+        best = min((v for v in grid if lo <= v <= hi), key=score)
+        lo, hi = best / step, best * step
+    return best
+
+
+# Ranges per parameter kind: efficiencies are fractions of peak, ramps and gaps microseconds.
+_RANGE = {"efficiency": (0.005, 1.0, False), "factor": (0.05, 1.0, False),
+          "us": (0.01, 5000.0, True), "gb_s": (0.1, 1000.0, False)}
+
+
+def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
+               cases: list[dict[str, Any]], device: DeviceProfile) -> None:
+    """Coordinate descent over ``params`` on ``cases``, updating ``data`` in place."""
+
+    def score_with(path: Path_) -> Callable[[float], float]:
+        def score(value: float) -> float:
+            trial = _deep_copy(data)
+            _set(trial, path, value)
+            return _log_error(cases, device, Calibration.model_validate(trial))
+        return score
+
+    for _ in range(ROUNDS):
+        for path, kind in params:
+            lo, hi, zero = _RANGE[kind]
+            _set(data, path, _search(lo, hi, score_with(path), zero))
+
+
+def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+Group = tuple[str, list[dict[str, Any]], list[tuple[Path_, str]]]
+
+
+def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
+    """(group name, its cases, its parameters) in fitting order."""
+    def of(pred: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        return [c for c in cases if "median_s" in c and pred(c)]
+
+    gemm = of(lambda c: c["kind"] == "gemm")
+    precisions = sorted({c["precision"] for c in gemm})
+    out = [
+        ("memory", of(lambda c: c["kind"] == "elementwise" and c["op"] != "add_alloc"),
+         [(("memory", "max_efficiency"), "efficiency"), (("memory", "ramp_us"), "us")]),
+        ("gemm", gemm, [(("gemm", "max_efficiency", p), "efficiency") for p in precisions]
+         + [(("gemm", "ramp_us"), "us")]),
+        ("conv", of(lambda c: c["kind"] == "conv"), [(("gemm", "conv_factor"), "factor")]),
+        ("attention", of(lambda c: c["kind"] == "attention"),
+         [(("gemm", "attention_factor"), "factor")]),
+        ("pcie", of(lambda c: c["kind"] == "host_copy" and c["pinned"]),
+         [(("pcie_efficiency",), "factor")]),
+    ]
+    if not device.is_gpu:  # a GPU's caching allocator reuses memory: no first-touch cost
+        out.insert(1, ("first touch", of(lambda c: c["kind"] == "elementwise"
+                                         and c["op"] == "add_alloc"),
+                       [(("memory", "first_touch_gb_s"), "gb_s")]))
+    return [g for g in out if g[1]]
+
+
+def fit(path: str | Path, device: DeviceProfile | None = None) -> FitResult:
+    """Fit the calibration of the device measured in micro-suite file ``path``."""
+    data = results.load(path, suite="micro")
+    if data.get("quick"):
+        raise InvalidMeasurement(f"{path} is a --quick smoke run; calibrate from a full suite")
+    if device is None:
+        found = catalog().find(data["device"])
+        if not isinstance(found, DeviceProfile):
+            raise InvalidMeasurement(f"{path}: {data['device']} is not a device profile")
+        device = found
+    base = calibration_for(device)
+    cal = base.model_dump()
+    cases = data["cases"]
+    direct = {c["kind"]: c["median_s"] for c in cases if c["kind"] in ("dispatch", "launch")}
+    if "launch" in direct:
+        cal["overhead"]["kernel_us"] = direct["launch"] * 1e6
+    if "dispatch" in direct:
+        launch = cal["overhead"]["launch_us"] if device.is_gpu else 0.0
+        cal["overhead"]["launch_us"] = launch
+        cal["overhead"]["dispatch_us"] = max(0.0, direct["dispatch"] * 1e6 - launch)
+
+    fits = []
+    for name, group_cases, params in _groups(cases, device):
+        before = Calibration.model_validate(cal)
+        _fit_group(cal, params, group_cases, device)
+        after = Calibration.model_validate(cal)
+        errs_before = _relative_errors(group_cases, device, before)
+        errs = _relative_errors(group_cases, device, after)
+        worst, worst_id = max(errs, key=lambda e: abs(e[0]))
+        fits.append(GroupFit(
+            name, len(group_cases), {".".join(p): _get(cal, p) for p, _ in params},
+            statistics.fmean(abs(e) for e, _ in errs_before),
+            statistics.fmean(abs(e) for e, _ in errs), worst_id, worst))
+
+    today = datetime.date.today().isoformat()
+    summary = "; ".join(f"{g.group} {g.cases} cases, mean error {g.error_after:.1%}"
+                        for g in fits)
+    cal.update({
+        "name": f"{device.name}-fitted", "device": device.name, "architecture": None,
+        "status": "fitted", "fitted_on": [results.display_path(path)],
+        "rationale": f"Fitted by gpusim calibrate on {today} to the micro suite measured "
+                     f"{data['provenance'].get('date', '')[:10]} ({summary}). Parameters not "
+                     f"in the suite keep the values of {base.name}.",
+    })
+    return FitResult(Calibration.model_validate(cal), fits, results.display_path(path))
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """Floats to ``digits`` significant figures (what a fit can claim), recursively."""
+    if isinstance(value, float) and value:
+        return round(value, digits - 1 - math.floor(math.log10(abs(value))))
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+def write(result: FitResult, out: str | Path) -> Path:
+    out = Path(out)
+    body = rounded(result.calibration.model_dump(exclude_none=True))
+    header = ("# Written by `gpusim calibrate` from the micro suite named in fitted_on.\n"
+              "# Do not edit by hand: measure again and re-run it.\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + yaml.safe_dump(body, sort_keys=False, width=100))
+    return out
+
+
+def default_output(device_name: str) -> Path:
+    return profiles_dir() / "calibration" / f"{device_name}.yaml"

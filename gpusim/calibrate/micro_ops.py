@@ -1,0 +1,80 @@
+"""What gpusim predicts for each micro-suite case: the case rebuilt as ops of the workload.
+
+The same layers and op rules the simulator uses for training make the prediction (a
+convolution case is a ``Conv2d`` layer's forward or backward ops, an attention case a fused
+``Attention`` layer's), so fitting these cases fits the model that predicts training steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost, loop_seconds
+from gpusim.hardware.calibration import Calibration
+from gpusim.hardware.catalog import catalog
+from gpusim.hardware.profile import DeviceProfile, GPUProfile, LinkProfile
+from gpusim.workload.attention import Attention
+from gpusim.workload.layers import Conv2d
+from gpusim.workload.numerics import Numerics
+from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
+
+# Passes over the operand each elementwise case makes: (elements read, elements written).
+ELEMENTWISE_PASSES = {"copy": (1, 1), "add": (2, 1), "add_alloc": (2, 1), "sum": (1, 0)}
+
+
+def numerics(precision: str, device: DeviceProfile) -> Numerics:
+    """As PyTorch runs a micro case: fp32 convolutions may use TF32 on a GPU (cuDNN's
+    default); under autocast (fp16/bf16) everything runs in the low precision."""
+    if precision == "fp32":
+        conv = "tf32" if device.is_gpu and "tf32" in device.matrix_tflops else "fp32"
+        return Numerics("fp32", conv, "fp32")
+    if precision == "tf32":
+        return Numerics("tf32", "tf32", "fp32")
+    return Numerics(precision, precision, precision)
+
+
+def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
+    """The ops a compute or memory case runs (empty for dispatch, launch and host copies)."""
+    kind = case["kind"]
+    if kind == "gemm":
+        p = case["precision"]
+        shape = GemmShape(case["m"], case["n"], case["k"])
+        # timed into a preallocated output (torch.mm(..., out=c))
+        return [replace(gemm_op(case["id"], shape, p, DTYPE_BYTES[p]), alloc_bytes=0.0)]
+    if kind == "conv":
+        num = numerics(case["precision"], device)
+        layer = Conv2d(case["id"], case["in_channels"], case["out_channels"], case["kernel"],
+                       case["height"], case["width"], case["stride"], case["padding"],
+                       bias=bool(case["bias"]))
+        n = case["batch"]
+        if case["pass"] == "forward":
+            return layer.forward(n, num)
+        return layer.backward_input(n, num) + layer.backward_weight(n, num)
+    if kind == "attention":
+        num = numerics(case["precision"], device)
+        att = Attention(case["id"], case["heads"], case["head_dim"], case["seq"],
+                        causal=case["causal"], fused=True)
+        n = case["batch"]
+        return att.forward(n, num) if case["pass"] == "forward" else att.backward_input(n, num)
+    if kind == "elementwise":
+        reads, writes = ELEMENTWISE_PASSES[case["op"]]
+        elements = case["bytes"] / DTYPE_BYTES[case["dtype"]]
+        return [memory_op(case["id"], reads * elements, writes * elements,
+                          DTYPE_BYTES[case["dtype"]], allocates=case["op"] == "add_alloc")]
+    return []
+
+
+def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:
+    """Seconds gpusim predicts for one micro case under calibration ``cal``."""
+    kind = case["kind"]
+    if kind == "dispatch":
+        return host_cost(device, cal)
+    if kind == "launch":
+        return kernel_cost(memory_op("launch", 1, 1, 4), device, cal).seconds
+    if kind == "host_copy":
+        if not isinstance(device, GPUProfile):
+            raise ValueError("host copies are measured on GPUs only")
+        link = catalog().get(f"pcie{min(device.pcie_gen, 5)}", LinkProfile)
+        return copy_cost(case["bytes"], link.bandwidth, link.latency, cal.pcie_efficiency)
+    return loop_seconds(case_ops(case, device), device, cal)

@@ -1,0 +1,121 @@
+"""Commands that tie predictions to real runs: measure, calibrate and validate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from gpusim.calibrate import fit
+from gpusim.errors import MissingDependency
+from gpusim.hardware.calibration import load_calibration_file
+from gpusim.validate.compare import cross_device_ranking, validate_all
+from gpusim.validate.report import format_reports
+
+
+def add_parsers(sub: Any) -> None:
+    m = sub.add_parser(
+        "measure", help="time real PyTorch runs of a suite on this machine (needs torch)",
+        description="Measure the micro suite (for calibration) or the models suite (for "
+                    "validation) on this machine's GPU, or on its CPU when it has none, and "
+                    "write <out>/<suite>.json with provenance.")
+    m.add_argument("--suite", required=True, choices=("micro", "models"))
+    m.add_argument("--out", required=True,
+                   help="folder for the JSON file, by convention measurements/<device>")
+    m.add_argument("--device",
+                   help="profile to record under (default: the GPU's own name; required on a "
+                        "CPU)")
+    m.add_argument("--repeats", type=int, default=30,
+                   help="timed samples per case (default 30; the slowest cases use 10)")
+    m.add_argument("--quick", action="store_true",
+                   help="a few cases of each kind only (a smoke test, not for calibration)")
+    m.add_argument("--no-layers", action="store_true",
+                   help="models suite: time whole steps only, not each layer")
+
+    c = sub.add_parser(
+        "calibrate", help="fit a device's efficiencies to its measured micro suite",
+        description="Fit the calibration of the device measured in a micro-suite file (and "
+                    "from nothing else) and write it where predictions will use it.")
+    c.add_argument("--from", dest="source", required=True,
+                   help="micro-suite file, e.g. measurements/<device>/micro.json")
+    c.add_argument("--out", help="calibration file to write (default: "
+                                 "hardware_profiles/calibration/<device>.yaml)")
+    c.add_argument("--dry-run", action="store_true", help="show the fit; write nothing")
+
+    v = sub.add_parser(
+        "validate", help="compare predictions with every committed measurement",
+        description="Predict every committed models-suite case and compare with what was "
+                    "measured: per case, per layer, peak memory, and rankings.")
+    v.add_argument("--device", help="only this device's measurements")
+    v.add_argument("--calibration",
+                   help="a calibration file to predict with instead of each device's own "
+                        "(e.g. one fitted on another GPU: the cross-GPU test)")
+    v.add_argument("--measurements", help="folder of <device>/models.json files "
+                                          "(default: the repository's measurements/)")
+    v.add_argument("--layers", action="store_true", help="print every layer's row too")
+    v.add_argument("--json", action="store_true", help="machine-readable report")
+    v.add_argument("--plot", help="write predicted-against-measured to this PNG/SVG/PDF")
+
+
+def measure(args: argparse.Namespace) -> int:
+    try:
+        from gpusim.measure import runner
+    except ImportError as exc:
+        raise MissingDependency(
+            f"measuring needs PyTorch ({exc.name} is missing): pip install torch"
+        ) from exc
+    path = runner.run(args.suite, args.out, args.device, args.repeats, args.quick,
+                      layers=not args.no_layers)
+    print(f"wrote {path}")
+    return 0
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    result = fit.fit(args.source)
+    cal = result.calibration
+    print(f"calibration of {cal.device} from {result.source}")
+    print(f"  {'group':<11}{'cases':>6}{'error before':>14}{'after':>8}  worst case after")
+    for g in result.groups:
+        print(f"  {g.group:<11}{g.cases:>6}{g.error_before:>14.1%}{g.error_after:>8.1%}  "
+              f"{g.worst_case} ({g.worst_error:+.0%})")
+        for name, value in g.parameters.items():
+            print(f"      {name:<32} {value:.4g}")
+    print(f"  {'overhead':<11} dispatch {cal.overhead.dispatch_us:.3g} us, launch "
+          f"{cal.overhead.launch_us:.3g} us, kernel gap {cal.overhead.kernel_us:.3g} us")
+    if not args.dry_run:
+        out = fit.write(result, args.out or fit.default_output(str(cal.device)))
+        print(f"wrote {out.name} ({len(result.groups)} groups fitted)")
+    return 0
+
+
+def _clean(value: Any) -> Any:
+    """NaN (no data) as null, so the JSON is valid."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def validate(args: argparse.Namespace) -> int:
+    cal = load_calibration_file(args.calibration) if args.calibration else None
+    reports = validate_all(args.measurements, args.device, cal)
+    if args.plot:
+        from gpusim.plotting.validation import validation_figure
+
+        validation_figure(reports, args.plot)
+    if args.json:
+        out = {"devices": [r.to_dict() for r in reports],
+               "across_devices": cross_device_ranking(reports)}
+        print(json.dumps(_clean(out), indent=1))
+        return 0
+    print(format_reports(reports, verbose=args.layers))
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+HANDLERS = {"measure": measure, "calibrate": calibrate, "validate": validate}

@@ -1,0 +1,236 @@
+"""The micro suite: the only data calibration may fit.
+
+GEMM sweeps (square and skinny, per precision), convolutions of common CNNs, fused attention,
+elementwise and reduction kernels from 4 KB up, copies on the device and across PCIe (pinned
+and pageable), the device-side cost of an empty kernel and the host's cost per dispatched op.
+Cases the device cannot run in reasonable time (a CPU with a 16k GEMM) are left out by a
+FLOP or byte cap, which the file records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gpusim.measure.timing import Timing, time_call
+from gpusim.workload import zoo
+from gpusim.workload.layers import Conv2d
+
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+                "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the device is asked to run: precisions and the largest case of each kind."""
+
+    precisions: tuple[str, ...]
+    max_gemm_flops: float
+    max_bytes: float  # one elementwise operand
+    conv_batch: int
+    attention_batch: int
+    fp8: bool = False
+
+    @staticmethod
+    def for_device(device: torch.device) -> Limits:
+        if device.type == "cuda":
+            major, _ = torch.cuda.get_device_capability(device)
+            return Limits(("fp32", "tf32", "fp16", "bf16"), 1e13, 4 * 2**30, 32, 8,
+                          fp8=major >= 9)
+        return Limits(("fp32", "bf16"), 2e10, 256 * 2**20, 2, 1)
+
+
+def gemm_shapes() -> list[tuple[int, int, int]]:
+    """(m, n, k): square 64..16384, skinny (few rows or a short K), and transformer shapes."""
+    square = [(s, s, s) for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
+    skinny = [(8192, 64, 1024), (64, 8192, 1024), (1024, 1024, 64), (16384, 1024, 64),
+              (8192, 8192, 64), (64, 64, 16384), (128, 4096, 4096), (4096, 128, 4096),
+              (2048, 16384, 256)]
+    # tokens x (3h | h | 4h) x h, and the weight-gradient shape (h x h x tokens)
+    transformer = [(4096, 2304, 768), (4096, 768, 3072), (4096, 3072, 768), (768, 768, 4096),
+                   (8192, 12288, 4096), (8192, 4096, 14336), (4096, 4096, 8192)]
+    return square + skinny + transformer
+
+
+def conv_shapes(batch: int) -> list[dict[str, int]]:
+    """Distinct convolutions of ResNet-50, VGG16 and the MNIST CNN at ``batch``."""
+    seen: dict[tuple[int, ...], dict[str, int]] = {}
+    for name in ("resnet50", "vgg16", "mnist-cnn"):
+        for layer in zoo.get(name).layers:
+            if isinstance(layer, Conv2d):
+                key = (layer.in_channels, layer.out_channels, layer.kernel, layer.height,
+                       layer.width, layer.stride, layer.padding)
+                seen.setdefault(key, {"batch": batch, "in_channels": key[0],
+                                      "out_channels": key[1], "kernel": key[2],
+                                      "height": key[3], "width": key[4], "stride": key[5],
+                                      "padding": key[6], "bias": int(layer.bias)})
+    return list(seen.values())
+
+
+def attention_shapes(batch: int) -> list[dict[str, Any]]:
+    """(batch, heads, seq, head_dim, causal) as BERT, GPT-2 and Llama use them."""
+    return [{"batch": batch, "heads": h, "seq": s, "head_dim": d, "causal": c}
+            for h, s, d, c in [(12, 128, 64, False), (12, 512, 64, False), (12, 1024, 64, True),
+                               (16, 1024, 64, True), (32, 2048, 128, True)]]
+
+
+def elementwise_sizes(max_bytes: float) -> list[int]:
+    """Operand sizes 4 KB, 16 KB, ... up to 4 GB (or the device's cap)."""
+    return [4096 * 4**i for i in range(12) if 4096 * 4**i <= max_bytes]
+
+
+def _rotated(make: Callable[[], Any], size_bytes: float, cache_bytes: float) -> list[Any]:
+    """Enough input sets that cycling through them spills the last-level cache."""
+    sets = min(16, max(2, math.ceil(2 * cache_bytes / max(size_bytes, 1))))
+    return [make() for _ in range(sets)]
+
+
+def _cycle(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
+    state = {"i": 0}
+
+    def call() -> Any:
+        state["i"] = (state["i"] + 1) % len(fns)
+        return fns[state["i"]]()
+
+    return call
+
+
+def time_gemm(m: int, n: int, k: int, precision: str, device: torch.device,
+              repeats: int) -> Timing:
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    dtype = TORCH_DTYPES[precision]
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    c = torch.empty(m, n, device=device, dtype=dtype)
+    return time_call(lambda: torch.mm(a, b, out=c), device, repeats=repeats)
+
+
+def time_gemm_fp8(m: int, n: int, k: int, device: torch.device, repeats: int) -> Timing:
+    """e4m3 operands with bf16 output through ``torch._scaled_mm`` (Hopper and later)."""
+    a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major
+    one = torch.ones((), device=device)
+    return time_call(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                              out_dtype=torch.bfloat16), device,
+                     repeats=repeats)
+
+
+def time_conv(shape: dict[str, int], precision: str, device: torch.device,
+              repeats: int) -> dict[str, Timing]:
+    """Forward, and backward producing both the input and the weight gradient."""
+    conv = torch.nn.Conv2d(shape["in_channels"], shape["out_channels"], shape["kernel"],
+                           shape["stride"], shape["padding"], bias=bool(shape["bias"]))
+    conv = conv.to(device)
+    x = torch.randn(shape["batch"], shape["in_channels"], shape["height"], shape["width"],
+                    device=device, requires_grad=True)
+    ctx = (torch.autocast(device.type, dtype=TORCH_DTYPES[precision])
+           if precision in ("fp16", "bf16") else None)
+    state: dict[str, Any] = {}
+
+    def forward() -> Any:
+        if ctx is None:
+            return conv(x)
+        with torch.autocast(device.type, dtype=TORCH_DTYPES[precision]):
+            return conv(x)
+
+    def setup() -> None:
+        conv.weight.grad = x.grad = None
+        state["out"] = forward()
+        state["grad"] = torch.randn_like(state["out"])
+
+    return {"forward": time_call(forward, device, repeats=repeats),
+            "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
+                                  setup=setup, repeats=repeats)}
+
+
+def time_attention(shape: dict[str, Any], precision: str, device: torch.device,
+                   repeats: int) -> dict[str, Timing]:
+    dtype = TORCH_DTYPES[precision]
+    dims = (shape["batch"], shape["heads"], shape["seq"], shape["head_dim"])
+    q, k, v = (torch.randn(dims, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    state: dict[str, Any] = {}
+
+    def forward() -> Any:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=shape["causal"])
+
+    def setup() -> None:
+        q.grad = k.grad = v.grad = None
+        state["out"] = forward()
+        state["grad"] = torch.randn_like(state["out"])
+
+    return {"forward": time_call(forward, device, repeats=repeats),
+            "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
+                                  setup=setup, repeats=repeats)}
+
+
+def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: int,
+                     cache_bytes: float) -> Timing:
+    """``copy``, ``add`` (two inputs), ``sum`` (a reduction) into preallocated outputs, and
+    ``add_alloc``: an add whose output is allocated on each call, as eager PyTorch does."""
+    n = size_bytes // 4
+
+    def operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (torch.randn(n, device=device), torch.randn(n, device=device),
+                torch.empty(n, device=device))
+
+    sets = _rotated(operands, 3 * size_bytes, cache_bytes)
+    calls: list[Callable[[], Any]] = []
+    for a, b, out in sets:
+        if op == "copy":
+            calls.append(lambda a=a, out=out: out.copy_(a))
+        elif op == "add":
+            calls.append(lambda a=a, b=b, out=out: torch.add(a, b, out=out))
+        elif op == "sum":
+            calls.append(lambda a=a: a.sum())
+        else:
+            calls.append(lambda a=a, b=b: a + b)
+    return time_call(_cycle(calls), device, repeats=repeats)
+
+
+def time_dispatch(device: torch.device, repeats: int) -> Timing:
+    """Host time per op for a one-element add: framework dispatch (and launch on a GPU).
+
+    On a GPU the region is timed on the host without synchronizing inside it, so it is the
+    rate at which the host issues ops; the queue never drains for one-element kernels.
+    """
+    a = torch.ones(1, device=device)
+    b = torch.ones(1, device=device)
+    out = torch.empty(1, device=device)
+    ops = 200
+    timing = time_call(lambda: [torch.add(a, b, out=out) for _ in range(ops)],
+                       torch.device("cpu"), repeats=repeats, loop=False)
+    return Timing(timing.median_s / ops, timing.p10_s / ops, timing.p90_s / ops,
+                  timing.repeats, ops)
+
+
+def time_launch(device: torch.device, repeats: int) -> Timing:
+    """Device time per empty-ish kernel: a CUDA graph of one-element adds, replayed."""
+    a = torch.ones(1, device=device)
+    kernels = 100
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            a.add_(1)  # warm up on a side stream, as graph capture requires
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        for _ in range(kernels):
+            a.add_(1)
+    timing = time_call(graph.replay, device, repeats=repeats, loop=False)
+    return Timing(timing.median_s / kernels, timing.p10_s / kernels, timing.p90_s / kernels,
+                  timing.repeats, kernels)
+
+
+def time_host_copy(size_bytes: int, direction: str, pinned: bool, device: torch.device,
+                   repeats: int) -> Timing:
+    host = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=pinned)
+    dev = torch.empty(size_bytes, dtype=torch.uint8, device=device)
+    if direction == "h2d":
+        return time_call(lambda: dev.copy_(host, non_blocking=pinned), device, repeats=repeats)
+    return time_call(lambda: host.copy_(dev, non_blocking=pinned), device, repeats=repeats)

@@ -1,0 +1,92 @@
+"""Where a measurement came from: device, software versions, clocks, date, command, commit.
+
+Nothing here names a path or host of the machine, only what identifies the hardware and
+software, so measurement files can be committed as they are.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _run(args: list[str]) -> str | None:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def gpu_clocks() -> dict[str, str] | None:
+    """SM and memory clocks now and at most, as nvidia-smi reports them (None without it)."""
+    fields = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,temperature.gpu"
+    out = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"])
+    if not out:
+        return None
+    values = [v.strip() for v in out.splitlines()[0].split(",")]
+    return dict(zip(fields.split(","), values, strict=False))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    return _run(["git", "-C", str(root), "rev-parse", "HEAD"]) or "unknown"
+
+
+def collect(device: torch.device) -> dict[str, Any]:
+    """Provenance of a run on ``device``, taken before it starts."""
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "gpusim " + " ".join(sys.argv[1:]),
+        "git_commit": _git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "os": f"{platform.system()} {platform.release()}",
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update({
+            "gpu": props.name,
+            "sm_count": props.multi_processor_count,
+            "gpu_memory_bytes": props.total_memory,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "driver": _run(["nvidia-smi", "--query-gpu=driver_version",
+                            "--format=csv,noheader"]),
+            "clocks_before": gpu_clocks(),
+        })
+    return info
+
+
+def switches(device: torch.device) -> dict[str, Any]:
+    """Every setting that changes the answer, as it stood."""
+    out: dict[str, Any] = {"channels_last": False, "torch_compile": False, "cuda_graphs": False}
+    if device.type == "cuda":
+        out.update({
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        })
+    else:
+        out["mkldnn"] = torch.backends.mkldnn.is_available()
+    return out

@@ -1,0 +1,69 @@
+"""Measurement files: one JSON per device and suite, with a schema version and provenance.
+
+Layout: ``{"schema_version", "suite": "micro" | "models", "device": profile name,
+"provenance": {...}, "switches": {...}, "cases": [...]}``. Every case has an ``id`` and a
+``kind``; timed results carry ``median_s``, ``p10_s``, ``p90_s``, ``repeats`` and ``inner``
+(calls per timed sample). Measurements are data: written by the runner, never edited by hand.
+This module needs no torch, so prediction and validation can read files anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gpusim.errors import InvalidMeasurement
+
+SCHEMA_VERSION = 1
+SUITES = ("micro", "models")
+
+
+def write(path: str | Path, data: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def load(path: str | Path, suite: str | None = None) -> dict[str, Any]:
+    """Read and check a measurement file; ``suite`` demands micro or models."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise InvalidMeasurement(f"{path}: no such measurement file") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidMeasurement(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        raise InvalidMeasurement(f"{path}: expected schema_version {SCHEMA_VERSION}")
+    for key in ("suite", "device", "provenance", "cases"):
+        if key not in data:
+            raise InvalidMeasurement(f"{path}: missing {key!r}")
+    if data["suite"] not in SUITES:
+        raise InvalidMeasurement(f"{path}: unknown suite {data['suite']!r}")
+    if suite is not None and data["suite"] != suite:
+        raise InvalidMeasurement(f"{path} holds the {data['suite']} suite; this needs the "
+                                 f"{suite} suite")
+    return data
+
+
+def find(root: str | Path, suite: str, device: str | None = None) -> list[Path]:
+    """Committed files of ``suite`` under ``root`` (measurements/<device>/<suite>.json)."""
+    root = Path(root)
+    pattern = f"{device}/{suite}.json" if device else f"*/{suite}.json"
+    return sorted(root.glob(pattern))
+
+
+def measurements_dir() -> Path:
+    """The repository's measurements/ folder (beside hardware_profiles/)."""
+    return Path(__file__).resolve().parents[2] / "measurements"
+
+
+def display_path(path: str | Path) -> str:
+    """A measurement file's path as committed (from measurements/ on), never a path of the
+    machine it was read on."""
+    parts = Path(path).resolve().parts
+    if "measurements" in parts:
+        return "/".join(parts[parts.index("measurements"):])
+    return Path(path).name

@@ -1,0 +1,206 @@
+"""``gpusim measure``: run a suite on this machine's GPU (or CPU) and write its JSON.
+
+Progress goes to stderr, one line per case; a short table is printed last; the file goes to
+``<out>/<suite>.json`` with provenance and the switches that change the answer.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpusim.errors import InvalidConfig, UnknownName
+from gpusim.hardware.catalog import catalog
+from gpusim.hardware.profile import CPUProfile, DeviceProfile
+from gpusim.measure import micro, models, provenance, results
+from gpusim.measure.timing import REPEATS, Timing
+
+CPU_CACHE_BYTES = 64 * 2**20  # rotate past a large L3
+
+
+def torch_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_device(name: str | None, device: torch.device) -> DeviceProfile:
+    """The profile measured: ``name``, else the CUDA device's own name matched in the catalog."""
+    if name is None and device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        try:
+            found = catalog().find(name)
+        except UnknownName as exc:
+            raise InvalidConfig(f"no profile matches this GPU ({name}); pass --device with "
+                                "the profile to record the measurements under") from exc
+        if not isinstance(found, DeviceProfile):
+            raise InvalidConfig(f"{name} matched {found.name}, which is not a device profile")
+        return found
+    if name is None:
+        cpus = ", ".join(p.name for p in catalog().all(CPUProfile))
+        raise InvalidConfig(f"no GPU here, so this measures the CPU: pass --device with its "
+                            f"CPU profile ({cpus})")
+    found = catalog().find(name)
+    if not isinstance(found, DeviceProfile):
+        raise InvalidConfig(f"{name} is a {found.kind} profile, not a GPU or CPU")
+    if found.is_gpu != (device.type == "cuda"):
+        where = "a GPU" if device.type == "cuda" else "only the CPU"
+        raise InvalidConfig(f"{found.name} is a {'GPU' if found.is_gpu else 'CPU'} profile but "
+                            f"this machine has {where} to measure")
+    return found
+
+
+def _timed(case: dict[str, Any], timing: Timing) -> dict[str, Any]:
+    return {**case, **timing.to_dict()}
+
+
+def micro_cases(device: torch.device, quick: bool) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], Timing | dict[str, Timing]]]]:
+    """(case description, timing function of repeats) for every micro case."""
+    lim = micro.Limits.for_device(device)
+    cache = (getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
+             if device.type == "cuda" else CPU_CACHE_BYTES)
+    yield {"id": "dispatch", "kind": "dispatch"}, lambda r: micro.time_dispatch(device, r)
+    if device.type == "cuda":
+        yield {"id": "launch", "kind": "launch"}, lambda r: micro.time_launch(device, r)
+    shapes = micro.gemm_shapes()[:4] if quick else micro.gemm_shapes()
+    for prec in lim.precisions:
+        for m, n, k in shapes:
+            if 2.0 * m * n * k <= lim.max_gemm_flops:
+                yield ({"id": f"gemm/{prec}/{m}x{n}x{k}", "kind": "gemm", "precision": prec,
+                        "m": m, "n": n, "k": k},
+                       lambda r, m=m, n=n, k=k, p=prec: micro.time_gemm(m, n, k, p, device, r))
+        if lim.fp8 and prec == "bf16":
+            for m, n, k in shapes:
+                if 2.0 * m * n * k <= lim.max_gemm_flops and not (m % 16 or n % 16 or k % 16):
+                    yield ({"id": f"gemm/fp8/{m}x{n}x{k}", "kind": "gemm", "precision": "fp8",
+                            "m": m, "n": n, "k": k},
+                           lambda r, m=m, n=n, k=k: micro.time_gemm_fp8(m, n, k, device, r))
+    convs = micro.conv_shapes(lim.conv_batch)[:2] if quick else micro.conv_shapes(lim.conv_batch)
+    conv_precisions = ("fp32", "bf16")
+    for prec in conv_precisions:
+        for shape in convs:
+            oh = (shape["height"] + 2 * shape["padding"] - shape["kernel"]) // shape["stride"] + 1
+            flops = 2.0 * shape["batch"] * shape["out_channels"] * oh * oh * \
+                shape["in_channels"] * shape["kernel"] ** 2
+            if flops > lim.max_gemm_flops / 4:
+                continue
+            key = "x".join(str(shape[k]) for k in ("batch", "in_channels", "out_channels",
+                                                    "kernel", "height", "stride"))
+            yield ({"id": f"conv/{prec}/{key}", "kind": "conv", "precision": prec, **shape},
+                   lambda r, s=shape, p=prec: micro.time_conv(s, p, device, r))
+    att_precisions = ("bf16",) if device.type == "cuda" else ("fp32", "bf16")
+    for prec in att_precisions:
+        for shape in micro.attention_shapes(lim.attention_batch)[: 1 if quick else None]:
+            flops = 4.0 * shape["batch"] * shape["heads"] * shape["seq"] ** 2 * shape["head_dim"]
+            if flops * 3.5 > lim.max_gemm_flops / 4:
+                continue
+            key = "x".join(str(shape[k]) for k in ("batch", "heads", "seq", "head_dim"))
+            key += "-causal" if shape["causal"] else ""
+            yield ({"id": f"attention/{prec}/{key}", "kind": "attention", "precision": prec,
+                    **shape},
+                   lambda r, s=shape, p=prec: micro.time_attention(s, p, device, r))
+    sizes = micro.elementwise_sizes(lim.max_bytes)
+    for op in ("copy", "add", "sum", "add_alloc"):
+        for size in sizes[::3] if quick else sizes:
+            yield ({"id": f"elementwise/{op}/{size}", "kind": "elementwise", "op": op,
+                    "bytes": size, "dtype": "fp32"},
+                   lambda r, o=op, s=size: micro.time_elementwise(o, s, device, r, cache))
+    if device.type == "cuda":
+        for direction in ("h2d", "d2h"):
+            for pinned in (True, False):
+                for size in (2**16, 2**20, 2**24, 2**28, 2**30):
+                    yield ({"id": f"copy/{direction}/{'pinned' if pinned else 'pageable'}/"
+                                  f"{size}", "kind": "host_copy", "direction": direction,
+                            "pinned": pinned, "bytes": size},
+                           lambda r, d=direction, p=pinned, s=size:
+                           micro.time_host_copy(s, d, p, device, r))
+
+
+def _run_micro(device: torch.device, repeats: int, quick: bool) -> list[dict[str, Any]]:
+    rows = []
+    cases = list(micro_cases(device, quick))
+    for i, (case, fn) in enumerate(cases, 1):
+        try:
+            out = fn(repeats)
+        except (RuntimeError, TypeError, ValueError) as exc:  # an op this build lacks
+            rows.append({**case, "skipped": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            _progress(i, len(cases), case["id"], None)
+            continue
+        if isinstance(out, dict):
+            for pass_name, timing in out.items():
+                rows.append(_timed({**case, "id": f"{case['id']}/{pass_name}",
+                                    "pass": pass_name}, timing))
+            _progress(i, len(cases), case["id"], out["forward"].median_s)
+        else:
+            rows.append(_timed(case, out))
+            _progress(i, len(cases), case["id"], out.median_s)
+    return rows
+
+
+def _run_models(device: torch.device, repeats: int, quick: bool,
+                layers: bool) -> list[dict[str, Any]]:
+    cases = models.gpu_cases() if device.type == "cuda" else models.cpu_cases()
+    if quick:
+        cases = [c for c in cases if c.spec.get("zoo") == "mnist-mlp"][:2]
+    rows = []
+    for i, case in enumerate(cases, 1):
+        try:
+            row = models.measure_case(case, device, repeats, layers)
+        except torch.OutOfMemoryError:
+            rows.append({"id": case.id, "kind": "training_step", "skipped": "out of memory"})
+            _progress(i, len(cases), case.id, None)
+            continue
+        rows.append(row)
+        _progress(i, len(cases), case.id, row["step"]["median_s"])
+    return rows
+
+
+def _progress(i: int, total: int, name: str, seconds: float | None) -> None:
+    shown = f"{seconds * 1e3:10.3f} ms" if seconds is not None else "   skipped"
+    print(f"[{i:3d}/{total}] {name:<48} {shown}", file=sys.stderr, flush=True)
+
+
+def summary_table(data: dict[str, Any]) -> str:
+    """A short table: per kind, how many cases and the fastest and slowest medians."""
+    by_kind: dict[str, list[float]] = {}
+    for case in data["cases"]:
+        if "median_s" in case:
+            by_kind.setdefault(case["kind"], []).append(case["median_s"])
+        elif "step" in case:
+            by_kind.setdefault(case["kind"], []).append(case["step"]["median_s"])
+    lines = [f"{data['suite']} suite on {data['device']}: {len(data['cases'])} cases",
+             f"{'kind':<16}{'cases':>6}{'fastest (ms)':>15}{'slowest (ms)':>15}"]
+    for kind, values in by_kind.items():
+        lines.append(f"{kind:<16}{len(values):>6}{min(values) * 1e3:>15.4g}"
+                     f"{max(values) * 1e3:>15.4g}")
+    return "\n".join(lines)
+
+
+def run(suite: str, out_dir: str | Path, device_name: str | None = None,
+        repeats: int = REPEATS, quick: bool = False, layers: bool = True) -> Path:
+    """Measure ``suite`` on this machine and write ``<out_dir>/<suite>.json``."""
+    if suite not in results.SUITES:
+        raise InvalidConfig(f"unknown suite {suite!r}; use micro or models")
+    if repeats < 1:
+        raise InvalidConfig("repeats must be at least 1")
+    device = torch_device()
+    profile = resolve_device(device_name, device)
+    info = provenance.collect(device)
+    started = time.perf_counter()
+    if suite == "micro":
+        cases = _run_micro(device, repeats, quick)
+    else:
+        cases = _run_models(device, repeats, quick, layers)
+    info["seconds"] = round(time.perf_counter() - started, 1)
+    if device.type == "cuda":
+        info["clocks_after"] = provenance.gpu_clocks()
+    data = {"schema_version": results.SCHEMA_VERSION, "suite": suite, "device": profile.name,
+            "quick": quick, "provenance": info, "switches": provenance.switches(device),
+            "cases": cases}
+    path = results.write(Path(out_dir) / f"{suite}.json", data)
+    print(summary_table(data))
+    return path

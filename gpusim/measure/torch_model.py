@@ -1,0 +1,244 @@
+"""PyTorch modules built from a gpusim model, so the measured workload is the predicted one.
+
+Each gpusim layer becomes one small torch module (``layer_module``) and ``Network`` runs them
+in the model's order. The flat layer list names no data flow, so two tensors are carried: the
+stream ``x`` and the residual ``skip``. A block boundary or a residual add sets ``skip``; a
+convolution whose input shape matches ``skip`` rather than ``x`` (a ResNet downsample) reads
+and writes ``skip``, and so does the batch norm after it. Which tensor a residual adds changes
+where autograd sums a gradient, not which kernels run. Attention scores are not scaled: the
+model lists no scaling kernel, and scaling does not change the time of the kernels it lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpusim.errors import InvalidModel
+from gpusim.workload.attention import Attention, CrossEntropy, Embedding
+from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
+from gpusim.workload.model import Model
+
+DROPOUT_P = 0.1
+
+
+class _Linear(nn.Linear):
+    def __init__(self, layer: Linear) -> None:
+        super().__init__(layer.in_features, layer.out_features, bias=layer.bias)
+        self.rows = layer.rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        shape = (n, self.rows, self.in_features) if self.rows > 1 else (n, self.in_features)
+        return super().forward(x.reshape(shape))
+
+
+class _Elementwise(nn.Module):
+    def __init__(self, layer: Elementwise, inplace: bool) -> None:
+        super().__init__()
+        self.op, self.args = layer.op, layer.args
+        self.inplace = inplace and layer.saves == 0
+        if self.op == "batch_norm":
+            self.norm: nn.Module = nn.BatchNorm2d(layer.args[0])
+        elif self.op == "layer_norm":
+            self.norm = nn.LayerNorm(layer.args[0])
+        elif self.op == "rms_norm":
+            self.norm = nn.RMSNorm(layer.args[0])
+        elif self.op not in ("relu", "gelu", "swiglu", "dropout", "softmax", "add", "maxpool",
+                             "avgpool", "adaptive_avgpool"):
+            raise InvalidModel(f"layer {layer.name}: no PyTorch op for elementwise kind "
+                               f"{self.op or 'unnamed'!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        op, args = self.op, self.args
+        if op in ("batch_norm", "layer_norm", "rms_norm"):
+            return self.norm(x)  # type: ignore[no-any-return]
+        if op == "relu":
+            return F.relu(x, inplace=self.inplace)
+        if op == "gelu":
+            return F.gelu(x)
+        if op == "swiglu":
+            gate, up = x.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        if op == "dropout":
+            return F.dropout(x, DROPOUT_P, training=True)
+        if op == "softmax":
+            return F.softmax(x, dim=-1)
+        if op == "maxpool":
+            return F.max_pool2d(x, args[0], args[1], args[2])
+        if op == "avgpool":
+            return F.avg_pool2d(x, args[0], args[1], args[2])
+        return F.adaptive_avg_pool2d(x, args[0])
+
+
+class _Attention(nn.Module):
+    """Attention over the packed output of the QKV projection (heads, then K and V heads)."""
+
+    def __init__(self, layer: Attention) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        a = self.layer
+        kv = a.kv_heads or a.heads
+        n = qkv.shape[0]
+        parts = qkv.reshape(n, a.seq, a.heads + 2 * kv, a.head_dim).transpose(1, 2)
+        q, k, v = parts.split([a.heads, kv, kv], dim=1)
+        p = DROPOUT_P if a.dropout else 0.0
+        if a.fused:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=a.causal,
+                                                 enable_gqa=kv != a.heads)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2))
+            probs = F.softmax(scores, dim=-1)
+            if p:
+                probs = F.dropout(probs, p, training=True)
+            out = torch.matmul(probs, v)
+        return out.transpose(1, 2).reshape(n, a.seq, a.heads * a.head_dim)
+
+
+class _CrossEntropy(nn.Module):
+    def __init__(self, layer: CrossEntropy) -> None:
+        super().__init__()
+        self.classes = layer.classes
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, self.classes), target)
+
+
+def layer_module(layer: Layer, inplace: bool = False) -> nn.Module:
+    """The PyTorch module that runs ``layer``'s forward and backward kernels."""
+    if isinstance(layer, Linear):
+        return _Linear(layer)
+    if isinstance(layer, Conv2d):
+        return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel, layer.stride,
+                         layer.padding, groups=layer.groups, bias=layer.bias)
+    if isinstance(layer, Elementwise):
+        return _Elementwise(layer, inplace)
+    if isinstance(layer, Attention):
+        return _Attention(layer)
+    if isinstance(layer, Embedding):
+        return nn.Embedding(layer.num_embeddings, layer.dim)
+    if isinstance(layer, CrossEntropy):
+        return _CrossEntropy(layer)
+    raise InvalidModel(f"layer {layer.name}: no PyTorch module for {type(layer).__name__}")
+
+
+@dataclass
+class LayerCall:
+    """How one layer was called in a forward pass: its role and input tensors' shapes."""
+
+    index: int
+    role: str  # "x", "skip" (a shortcut branch), "add", "embed", "embed_add" or "loss"
+    shapes: list[tuple[int, ...]]
+    dtypes: list[torch.dtype]
+
+
+def _input_tensor(model: Model, batch: int, device: torch.device) -> torch.Tensor | None:
+    """Random input for a model that does not start with an embedding."""
+    first = model.layers[0]
+    if isinstance(first, Conv2d):
+        return torch.randn(batch, first.in_channels, first.height, first.width, device=device)
+    if isinstance(first, Linear):
+        return torch.randn(batch, first.rows * first.in_features, device=device)
+    return None
+
+
+def embedding_ids(layer: Embedding, batch: int, device: torch.device,
+                  first: bool) -> torch.Tensor:
+    """Token ids (random) for the first table; positions (0..rows-1) for a later one."""
+    if first or layer.num_embeddings < layer.rows:
+        return torch.randint(0, layer.num_embeddings, (batch, layer.rows), device=device)
+    return torch.arange(layer.rows, device=device).expand(batch, layer.rows)
+
+
+def loss_target(layer: CrossEntropy, batch: int, device: torch.device) -> torch.Tensor:
+    return torch.randint(0, layer.classes, (batch * layer.rows,), device=device)
+
+
+class Network(nn.Module):
+    """A gpusim model as one PyTorch module; ``forward()`` returns the loss of a batch."""
+
+    def __init__(self, model: Model, batch: int, device: torch.device,
+                 inplace: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.mods = nn.ModuleList([layer_module(layer, inplace) for layer in model.layers])
+        self.to(device)
+        self.input = _input_tensor(model, batch, device)
+        self.ids: dict[int, torch.Tensor] = {}
+        self.targets: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(model.layers):
+            if isinstance(layer, Embedding):
+                self.ids[i] = embedding_ids(layer, batch, device, first=not self.ids)
+            elif isinstance(layer, CrossEntropy):
+                self.targets[i] = loss_target(layer, batch, device)
+        if self.input is None and not self.ids:
+            raise InvalidModel(f"{model.name}: the runner cannot tell its input from the first "
+                               f"layer ({model.layers[0].name})")
+        self.calls: list[LayerCall] | None = None  # filled when recording
+
+    def forward(self) -> torch.Tensor:  # type: ignore[override]
+        x: torch.Tensor | None = self.input
+        skip: torch.Tensor | None = None
+        block: str | None = None
+        on_skip = False
+        for i, (layer, mod) in enumerate(zip(self.model.layers, self.mods, strict=True)):
+            if layer.block != block:
+                block, skip = layer.block, x
+            if isinstance(layer, Embedding):
+                y = mod(self.ids[i])
+                self._record(i, "embed" if x is None else "embed_add", [self.ids[i]] +
+                             ([x] if x is not None else []))
+                x = y if x is None else x + y
+                continue
+            assert x is not None
+            if isinstance(layer, CrossEntropy):
+                self._record(i, "loss", [x])
+                return mod(x, self.targets[i])  # type: ignore[no-any-return]
+            if isinstance(layer, Conv2d) and skip is not None and \
+                    tuple(x.shape[1:]) != (layer.in_channels, layer.height, layer.width) and \
+                    tuple(skip.shape[1:]) == (layer.in_channels, layer.height, layer.width):
+                self._record(i, "skip", [skip])
+                skip, on_skip = mod(skip), True
+                continue
+            if on_skip and isinstance(layer, Elementwise) and layer.op == "batch_norm":
+                self._record(i, "skip", [skip])  # type: ignore[list-item]
+                skip = mod(skip)
+                continue
+            on_skip = False
+            if isinstance(layer, Elementwise) and layer.op == "add":
+                assert skip is not None
+                self._record(i, "add", [x, skip])
+                x = skip = x + skip
+                continue
+            self._record(i, "x", [x])
+            x = mod(x)
+        raise InvalidModel(f"{self.model.name} has no loss layer to end its forward pass")
+
+    def _record(self, index: int, role: str, tensors: list[torch.Tensor]) -> None:
+        if self.calls is not None:
+            self.calls.append(LayerCall(index, role, [tuple(t.shape) for t in tensors],
+                                        [t.dtype for t in tensors]))
+
+    def record_calls(self, autocast: Any) -> list[LayerCall]:
+        """One forward pass without gradients, noting each layer's role and input shapes."""
+        self.calls = []
+        with torch.no_grad(), autocast:
+            self.forward()
+        calls, self.calls = self.calls, None
+        return calls
+
+
+def trainable_parameters(network: Network) -> int:
+    """Parameters the network trains; tied (shared) layers are counted by the model once."""
+    total = 0
+    for layer, mod in zip(network.model.layers, network.mods, strict=True):
+        if isinstance(layer, Linear) and layer.shared:
+            continue
+        total += sum(p.numel() for p in mod.parameters())
+    return total

@@ -1,0 +1,1 @@
+"""Validation: predictions compared with committed measurements of real runs."""

@@ -1,0 +1,203 @@
+"""``gpusim validate``: predictions against every committed models-suite measurement.
+
+For each device: a row per case (predicted, measured, relative error), the mean absolute
+percentage error, p90 and max of the absolute error, per-layer errors, peak-memory error,
+and whether the predicted ranking of the cases matches the measured one. Errors are
+fractions: (predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpusim.errors import GpusimError, InvalidMeasurement
+from gpusim.estimate import simulate_step
+from gpusim.hardware.calibration import Calibration, calibration_for
+from gpusim.hardware.catalog import catalog
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.measure import results
+from gpusim.plan.job import TrainingJob
+from gpusim.plan.lower import Kernel, lower
+from gpusim.workload.formats import model_from_spec
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    layer: str
+    phase: str  # forward or backward
+    predicted_s: float
+    measured_s: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1
+
+
+@dataclass
+class CaseRow:
+    id: str
+    model: str
+    batch_size: int
+    precision: str
+    predicted_s: float
+    measured_s: float
+    predicted_peak_bytes: float | None = None
+    measured_peak_bytes: float | None = None
+    layers: list[LayerRow] = field(default_factory=list)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.measured_peak_bytes and self.predicted_peak_bytes:
+            return self.predicted_peak_bytes / self.measured_peak_bytes - 1
+        return None
+
+
+def _stats(errors: list[float]) -> dict[str, float]:
+    """MAPE, p90 and max of the absolute errors (fractions); NaN when there are none."""
+    if not errors:
+        return {"mape": math.nan, "p90_abs_error": math.nan, "max_abs_error": math.nan}
+    absolute = sorted(abs(e) for e in errors)
+    p90 = absolute[min(len(absolute) - 1, math.ceil(0.9 * len(absolute)) - 1)]
+    return {"mape": statistics.fmean(absolute), "p90_abs_error": p90,
+            "max_abs_error": absolute[-1]}
+
+
+def ranking_agreement(pairs: list[tuple[float, float]]) -> float:
+    """Fraction of case pairs that prediction and measurement order the same way."""
+    agree = total = 0
+    for i, (p1, m1) in enumerate(pairs):
+        for p2, m2 in pairs[i + 1:]:
+            total += 1
+            agree += (p1 - p2) * (m1 - m2) > 0
+    return agree / total if total else math.nan
+
+
+@dataclass
+class DeviceReport:
+    device: str
+    source: str
+    calibration: str
+    rows: list[CaseRow]
+    skipped: list[str]
+
+    @property
+    def step_stats(self) -> dict[str, float]:
+        return _stats([r.error for r in self.rows])
+
+    @property
+    def layer_stats(self) -> dict[str, float]:
+        return _stats([lay.error for r in self.rows for lay in r.layers])
+
+    @property
+    def memory_stats(self) -> dict[str, float]:
+        return _stats([e for r in self.rows if (e := r.memory_error) is not None])
+
+    @property
+    def worst(self) -> CaseRow | None:
+        return max(self.rows, key=lambda r: abs(r.error), default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "device": self.device, "source": self.source, "calibration": self.calibration,
+            "cases": len(self.rows), **self.step_stats,
+            "worst_case": worst.id if worst else None,
+            "worst_error": worst.error if worst else None,
+            "layer_rows": sum(len(r.layers) for r in self.rows),
+            "layer": self.layer_stats, "peak_memory": self.memory_stats,
+            "ranking_agreement": ranking_agreement(
+                [(r.predicted_s, r.measured_s) for r in self.rows]),
+            "skipped": self.skipped,
+            "rows": [{**{k: v for k, v in asdict(r).items() if k != "layers"},
+                      "error": r.error, "memory_error": r.memory_error,
+                      "layers": [{**asdict(lay), "error": lay.error} for lay in r.layers]}
+                     for r in self.rows],
+        }
+
+
+def _layer_seconds(kernels: list[Kernel], on_gpu: bool) -> float:
+    """A layer's kernels run in a timed loop (as cost.kernels.loop_seconds)."""
+    host = sum(k.host_s for k in kernels)
+    device = sum(k.device_s for k in kernels)
+    return max(host, device) if on_gpu else host + device
+
+
+def _layer_rows(job: TrainingJob, case: dict[str, Any],
+                cal: Calibration | None) -> list[LayerRow]:
+    plan = lower(job, cal)
+    by_layer: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
+    for k in plan.microbatch:
+        by_layer[(k.layer, k.phase)].append(k)
+    rows = []
+    for measured in case.get("layers", []):
+        for phase in ("forward", "backward"):
+            kernels = by_layer.get((measured["layer"], phase))
+            if phase in measured and kernels:
+                rows.append(LayerRow(measured["layer"], phase,
+                                     _layer_seconds(kernels, job.device.is_gpu),
+                                     measured[phase]["median_s"]))
+    return rows
+
+
+def predict_case(case: dict[str, Any], device: DeviceProfile,
+                 cal: Calibration | None = None) -> CaseRow:
+    """Prediction for one measured training-step case."""
+    model = model_from_spec(case["model"])
+    job = TrainingJob(model, device, case["batch_size"], case["precision"],
+                      optimizer=case.get("optimizer", "adam"), loader_workers=0)
+    step = simulate_step(job, cal)
+    return CaseRow(case["id"], model.name, case["batch_size"], case["precision"],
+                   step.step_time_s, case["step"]["median_s"], step.peak_memory_bytes,
+                   case.get("peak_memory_bytes"), _layer_rows(job, case, cal))
+
+
+def validate_file(path: str | Path, calibration: Calibration | None = None,
+                  device: DeviceProfile | None = None) -> DeviceReport:
+    """Compare every case of models-suite file ``path`` with its prediction."""
+    data = results.load(path, suite="models")
+    if device is None:
+        found = catalog().find(data["device"])
+        if not isinstance(found, DeviceProfile):
+            raise InvalidMeasurement(f"{path}: {data['device']} is not a device profile")
+        device = found
+    cal_name = (calibration or calibration_for(device)).name
+    rows, skipped = [], []
+    for case in data["cases"]:
+        if "skipped" in case:
+            skipped.append(f"{case['id']}: {case['skipped']} (when measured)")
+            continue
+        try:
+            rows.append(predict_case(case, device, calibration))
+        except GpusimError as exc:
+            skipped.append(f"{case['id']}: {exc}")
+    return DeviceReport(device.name, results.display_path(path), cal_name, rows, skipped)
+
+
+def validate_all(root: str | Path | None = None, device: str | None = None,
+                 calibration: Calibration | None = None) -> list[DeviceReport]:
+    """Reports for every device with a committed models suite (or only ``device``)."""
+    root = Path(root) if root is not None else results.measurements_dir()
+    name = catalog().find(device).name if device else None
+    files = results.find(root, "models", name)
+    if not files:
+        where = f" for {name}" if name else ""
+        raise InvalidMeasurement(f"no models-suite measurements{where} under {root}")
+    return [validate_file(f, calibration) for f in files]
+
+
+def cross_device_ranking(reports: list[DeviceReport]) -> dict[str, float]:
+    """Per case id measured on several devices: do predictions order the devices as measured?"""
+    by_case: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for rep in reports:
+        for row in rep.rows:
+            by_case[row.id].append((row.predicted_s, row.measured_s))
+    return {cid: ranking_agreement(pairs) for cid, pairs in by_case.items() if len(pairs) > 1}

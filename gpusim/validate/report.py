@@ -1,0 +1,56 @@
+"""The validation report as text: a table per device, then the summary figures."""
+
+from __future__ import annotations
+
+import math
+
+from gpusim import units
+from gpusim.validate.compare import DeviceReport, cross_device_ranking
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:+.1%}"
+
+
+def _abs_pct(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.1%}"
+
+
+def format_reports(reports: list[DeviceReport], verbose: bool = False) -> str:
+    lines: list[str] = []
+    for rep in reports:
+        lines.append(f"{rep.device}: {len(rep.rows)} cases from {rep.source} "
+                     f"(calibration {rep.calibration})")
+        lines.append(f"  {'case':<40}{'predicted':>12}{'measured':>12}{'error':>9}"
+                     f"{'memory':>9}")
+        for row in rep.rows:
+            lines.append(f"  {row.id:<40}{units.human_seconds(row.predicted_s):>12}"
+                         f"{units.human_seconds(row.measured_s):>12}{_pct(row.error):>9}"
+                         f"{_pct(row.memory_error):>9}")
+            if verbose:
+                for lay in row.layers:
+                    lines.append(f"      {lay.layer + ' ' + lay.phase:<36}"
+                                 f"{units.human_seconds(lay.predicted_s):>12}"
+                                 f"{units.human_seconds(lay.measured_s):>12}{_pct(lay.error):>9}")
+        d = rep.to_dict()
+        lines.append(f"  step time: MAPE {_abs_pct(d['mape'])}, p90 "
+                     f"{_abs_pct(d['p90_abs_error'])}, max {_abs_pct(d['max_abs_error'])} "
+                     f"({d['worst_case']})")
+        layer = d["layer"]
+        lines.append(f"  per layer ({d['layer_rows']} forward/backward rows): MAPE "
+                     f"{_abs_pct(layer['mape'])}, p90 {_abs_pct(layer['p90_abs_error'])}")
+        mem = d["peak_memory"]
+        lines.append("  peak memory: " + ("not measured (CPU)" if math.isnan(mem["mape"])
+                                          else f"MAPE {_abs_pct(mem['mape'])}, max "
+                                               f"{_abs_pct(mem['max_abs_error'])}"))
+        agree = d["ranking_agreement"]
+        lines.append(f"  ranking: {_abs_pct(agree)} of case pairs ordered as measured")
+        for note in rep.skipped:
+            lines.append(f"  skipped {note}")
+        lines.append("")
+    across = cross_device_ranking(reports)
+    if across:
+        same = sum(1 for v in across.values() if v == 1.0)
+        lines.append(f"across devices: {same} of {len(across)} cases rank the devices as "
+                     "measured")
+    return "\n".join(lines).rstrip()

@@ -1,0 +1,56 @@
+"""The error budget on the committed measurements: a change that makes predictions worse
+fails here. Budgets live in measurements/budgets.yaml, set from what was measured and only
+ever tightened."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from gpusim.measure import results
+from gpusim.validate.compare import DeviceReport, validate_file
+
+BUDGETS = yaml.safe_load((results.measurements_dir() / "budgets.yaml").read_text())["devices"]
+MEASURED = sorted(results.measurements_dir().glob("*/models.json"))
+
+
+@pytest.fixture(scope="module", params=MEASURED, ids=lambda p: p.parent.name)
+def report(request: pytest.FixtureRequest) -> DeviceReport:
+    return validate_file(request.param)
+
+
+def test_every_measured_device_has_a_budget() -> None:
+    assert MEASURED
+    for path in MEASURED:
+        assert path.parent.name in BUDGETS, f"add {path.parent.name} to budgets.yaml"
+
+
+def test_step_time_within_budget(report: DeviceReport) -> None:
+    budget = BUDGETS[report.device]
+    stats = report.step_stats
+    assert not report.skipped, report.skipped
+    assert len(report.rows) >= budget["min_cases"]
+    assert stats["mape"] <= budget["step_mape"], stats
+    assert stats["max_abs_error"] <= budget["step_max_abs_error"], stats
+
+
+def test_layers_within_budget(report: DeviceReport) -> None:
+    budget = BUDGETS[report.device]
+    stats = report.layer_stats
+    assert stats["mape"] <= budget["layer_mape"], stats
+
+
+def test_peak_memory_within_budget(report: DeviceReport) -> None:
+    budget = BUDGETS[report.device]
+    stats = report.memory_stats
+    if budget.get("peak_memory_mape") is None:
+        assert math.isnan(stats["mape"])  # not measured on this device (a CPU)
+    else:
+        assert stats["mape"] <= budget["peak_memory_mape"], stats
+
+
+def test_ranking_of_cases_within_budget(report: DeviceReport) -> None:
+    agreement = report.to_dict()["ranking_agreement"]
+    assert agreement >= BUDGETS[report.device]["min_ranking_agreement"]

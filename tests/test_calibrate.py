@@ -1,0 +1,90 @@
+"""Calibration fits the micro suite and nothing else, and the committed fits are reproducible."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpusim.calibrate import fit
+from gpusim.calibrate.micro_ops import predict
+from gpusim.errors import InvalidMeasurement
+from gpusim.hardware.calibration import calibration_for, load_calibration_file
+from gpusim.hardware.catalog import load_device, profiles_dir
+from gpusim.measure import results
+
+MEASURED = sorted(results.measurements_dir().glob("*/micro.json"))
+
+
+@pytest.fixture(scope="module", params=MEASURED, ids=lambda p: p.parent.name)
+def fitted(request: pytest.FixtureRequest) -> fit.FitResult:
+    return fit.fit(request.param)
+
+
+def test_there_is_measured_micro_data() -> None:
+    assert MEASURED, "measurements/<device>/micro.json should be committed"
+
+
+def test_fit_improves_every_group(fitted: fit.FitResult) -> None:
+    assert fitted.calibration.status == "fitted"
+    for group in fitted.groups:
+        assert group.error_after <= group.error_before + 1e-9, group
+
+
+def test_committed_calibration_is_the_fit_of_the_committed_micro_suite(
+        fitted: fit.FitResult) -> None:
+    """No hand tuning: re-running the fit reproduces the committed file's figures."""
+    device = fitted.calibration.device
+    committed = load_calibration_file(profiles_dir() / "calibration" / f"{device}.yaml")
+    assert committed.fitted_on == [fitted.source]
+    fresh = fit.rounded(fitted.calibration.model_dump(exclude={"rationale"}))
+    assert committed.model_dump(exclude={"rationale"}) == fresh
+
+
+def test_no_models_suite_data_enters_a_fit(tmp_path: Path) -> None:
+    """The fit refuses a models file, and a micro file fits the same with or without the
+    models file beside it (or with that file scrambled)."""
+    micro = MEASURED[0]
+    models = micro.parent / "models.json"
+    with pytest.raises(InvalidMeasurement, match="micro suite"):
+        fit.fit(models if models.exists() else micro.with_name("nope.json"))
+    alone = tmp_path / "measurements" / micro.parent.name / "micro.json"
+    alone.parent.mkdir(parents=True)
+    shutil.copy(micro, alone)
+    first = fit.fit(alone).calibration
+    scrambled = {"schema_version": 1, "suite": "models", "device": micro.parent.name,
+                 "provenance": {}, "cases": [{"id": "x", "step": {"median_s": 1e9}}]}
+    (alone.parent / "models.json").write_text(json.dumps(scrambled))
+    assert fit.fit(alone).calibration == first
+    assert fit.fit(micro).calibration.model_dump(exclude={"rationale"}) == \
+        first.model_dump(exclude={"rationale"})
+
+
+def test_quick_runs_are_not_calibrated_from(tmp_path: Path) -> None:
+    data = json.loads(MEASURED[0].read_text())
+    data["quick"] = True
+    path = tmp_path / "micro.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InvalidMeasurement, match="quick"):
+        fit.fit(path)
+
+
+def test_calibration_file_names_no_machine_path() -> None:
+    for path in (profiles_dir() / "calibration").glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        for source in data.get("fitted_on", []):
+            assert source.startswith("measurements/"), source
+
+
+def test_micro_predictions_follow_the_roofline() -> None:
+    """Bigger GEMMs take longer; a GEMM at the fitted efficiency is never faster than peak."""
+    device = load_device("epyc-zen4-2vcpu")
+    cal = calibration_for(device)
+    times = [predict({"kind": "gemm", "id": "g", "precision": "fp32", "m": s, "n": s, "k": s},
+                     device, cal) for s in (64, 256, 1024)]
+    assert times == sorted(times)
+    peak_time = 2 * 1024**3 / device.peak_flops("fp32", matrix=True)[0]
+    assert times[-1] > peak_time

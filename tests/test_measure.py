@@ -1,0 +1,104 @@
+"""The measurement runner: the PyTorch network it builds is gpusim's workload, and the suites
+write files with the schema, provenance and cases that calibration and validation read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpusim.errors import InvalidConfig  # noqa: E402
+from gpusim.measure import results, runner  # noqa: E402
+from gpusim.measure.torch_model import Network, trainable_parameters  # noqa: E402
+from gpusim.workload.formats import model_from_spec  # noqa: E402
+
+SMALL = [
+    {"zoo": "mnist-mlp"},
+    {"zoo": "mnist-cnn"},
+    {"zoo": "resnet50", "image_size": 64},
+    {"zoo": "vgg16", "image_size": 32},
+    {"zoo": "bert-base", "seq_len": 16},
+    {"zoo": "gpt2", "seq_len": 16},
+    {"name": "llama-tiny", "seq_len": 16, "transformer": {
+        "layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn_hidden": 352,
+        "vocab": 1000, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
+        "tied_embeddings": False, "bias": False}},
+]
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=lambda s: s.get("zoo") or s["name"])
+def test_network_is_the_workload(spec: dict) -> None:
+    """Same parameters as the model counts, every layer called once, a finite loss that
+    backpropagates into every trainable tensor."""
+    model = model_from_spec(spec)
+    net = Network(model, 2, CPU)
+    assert trainable_parameters(net) == model.parameters
+    calls = net.record_calls(torch.autocast("cpu", enabled=False))
+    assert [c.index for c in calls] == list(range(len(model.layers)))
+    loss = net()
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_resnet_downsample_reads_the_block_input() -> None:
+    """A downsample convolution takes the shortcut (block input), not the main branch."""
+    model = model_from_spec({"zoo": "resnet50", "image_size": 64})
+    calls = Network(model, 1, CPU).record_calls(torch.autocast("cpu", enabled=False))
+    roles = {model.layers[c.index].name: c.role for c in calls}
+    assert roles["layer1.0.downsample"] == "skip"
+    assert roles["layer1.0.downsample.bn"] == "skip"
+    assert roles["layer1.0.add"] == "add"
+    assert roles["layer1.0.conv1"] == "x"
+
+
+def _no_machine_paths(path: Path, tmp_path: Path) -> None:
+    assert str(tmp_path) not in path.read_text()
+
+
+def test_micro_quick_suite_writes_a_checked_file(tmp_path: Path) -> None:
+    path = runner.run("micro", tmp_path / "cpu", "epyc-zen4-2vcpu", repeats=3, quick=True)
+    data = results.load(path, suite="micro")
+    kinds = {c["kind"] for c in data["cases"]}
+    assert {"dispatch", "gemm", "conv", "attention", "elementwise"} <= kinds
+    timed = [c for c in data["cases"] if "median_s" in c]
+    assert timed and all(0 < c["p10_s"] <= c["median_s"] <= c["p90_s"] for c in timed)
+    assert all(c["repeats"] == 3 for c in timed if c["kind"] != "dispatch")
+    prov = data["provenance"]
+    for key in ("date", "command", "git_commit", "torch", "cpu", "seconds"):
+        assert key in prov
+    assert data["quick"] is True
+    _no_machine_paths(path, tmp_path)
+
+
+def test_models_quick_suite_times_steps_and_layers(tmp_path: Path) -> None:
+    path = runner.run("models", tmp_path / "cpu", "epyc-zen4-2vcpu", repeats=3, quick=True)
+    data = results.load(path, suite="models")
+    case = data["cases"][0]
+    assert case["model"] == {"zoo": "mnist-mlp"}
+    assert case["step"]["median_s"] > 0
+    model = model_from_spec(case["model"])
+    assert [row["layer"] for row in case["layers"]] == [lay.name for lay in model.layers]
+    # Backward is timed wherever gradients flow (the first layer's input takes none).
+    assert all("backward" in row for row in case["layers"][1:])
+    assert case["peak_memory_bytes"] is None  # CUDA only
+
+
+def test_device_must_be_named_on_a_cpu_and_match_the_hardware() -> None:
+    with pytest.raises(InvalidConfig, match="pass --device"):
+        runner.resolve_device(None, CPU)
+    with pytest.raises(InvalidConfig, match="GPU profile"):
+        runner.resolve_device("h100-sxm", CPU)
+    assert runner.resolve_device("ci-cpu", CPU).name == "epyc-zen4-2vcpu"
+
+
+def test_results_refuse_the_wrong_suite(tmp_path: Path) -> None:
+    path = tmp_path / "micro.json"
+    path.write_text(json.dumps({"schema_version": 1, "suite": "micro", "device": "x",
+                                "provenance": {}, "cases": []}))
+    with pytest.raises(Exception, match="needs the models suite"):
+        results.load(path, suite="models")
