@@ -81,8 +81,10 @@ def calibrate(args: argparse.Namespace) -> int:
               f"{g.worst_case} ({g.worst_error:+.0%})")
         for name, value in g.parameters.items():
             print(f"      {name:<32} {value:.4g}")
-    print(f"  {'overhead':<11} dispatch {cal.overhead.dispatch_us:.3g} us, launch "
-          f"{cal.overhead.launch_us:.3g} us, kernel gap {cal.overhead.kernel_us:.3g} us")
+    o = cal.overhead
+    print(f"  {'overhead':<11} dispatch {o.dispatch_us:.3g} us, launch {o.launch_us:.3g} us, "
+          f"kernel gap {o.kernel_us:.3g} us, autograd {o.autograd_us:.3g} us per op, module "
+          f"call {o.module_us:.3g} us, backward() call {o.backward_call_us:.3g} us")
     if not args.dry_run:
         out = fit.write(result, args.out or fit.default_output(str(cal.device)))
         print(f"wrote {out.name} ({len(result.groups)} groups fitted)")

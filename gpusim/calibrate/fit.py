@@ -93,7 +93,7 @@ def _search(lo: float, hi: float, score: Callable[[float], float], zero: bool) -
         grid = [best * step ** (i / 10 - 1) for i in range(21)]
         best = min((v for v in grid if lo <= v <= hi), key=score)
         lo, hi = best / step, best * step
-    return best
+    return float(best)
 
 
 # Ranges per parameter kind: efficiencies are fractions of peak, ramps and gaps microseconds.
@@ -132,7 +132,7 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
 
     gemm = of(lambda c: c["kind"] == "gemm")
     precisions = sorted({c["precision"] for c in gemm})
-    out = [
+    out: list[Group] = [
         ("memory", of(lambda c: c["kind"] == "elementwise" and c["op"] != "add_alloc"),
          [(("memory", "max_efficiency"), "efficiency"), (("memory", "ramp_us"), "us")]),
         ("gemm", gemm, [(("gemm", "max_efficiency", p), "efficiency") for p in precisions]
@@ -160,16 +160,26 @@ def fit(path: str | Path, device: DeviceProfile | None = None) -> FitResult:
         if not isinstance(found, DeviceProfile):
             raise InvalidMeasurement(f"{path}: {data['device']} is not a device profile")
         device = found
-    base = calibration_for(device)
+    base = calibration_for(device, own=False)  # start from the stated defaults
     cal = base.model_dump()
     cases = data["cases"]
     direct = {c["kind"]: c["median_s"] for c in cases if c["kind"] in ("dispatch", "launch")}
+    autograd = {c.get("pass"): c["median_s"] for c in cases
+                if c["kind"] == "autograd" and "median_s" in c}
     if "launch" in direct:
         cal["overhead"]["kernel_us"] = direct["launch"] * 1e6
     if "dispatch" in direct:
         launch = cal["overhead"]["launch_us"] if device.is_gpu else 0.0
         cal["overhead"]["launch_us"] = launch
         cal["overhead"]["dispatch_us"] = max(0.0, direct["dispatch"] * 1e6 - launch)
+        if autograd:  # forward and backward nodes alike: their mean, over a bare dispatch
+            node = (autograd["forward"] + autograd["backward"]) / 2
+            cal["overhead"]["autograd_us"] = max(0.0, (node - direct["dispatch"]) * 1e6)
+            # a one-op module call and a one-node backward() call, beyond that one op
+            over = {"module_us": autograd["module"], "backward_call_us":
+                    autograd["backward_call"]}
+            for key, seconds in over.items():
+                cal["overhead"][key] = max(0.0, (seconds - node) * 1e6)
 
     fits = []
     for name, group_cases, params in _groups(cases, device):

@@ -70,6 +70,10 @@ def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> fl
     kind = case["kind"]
     if kind == "dispatch":
         return host_cost(device, cal)
+    if kind == "autograd":
+        node = host_cost(device, cal, autograd=True)
+        extra = {"module": cal.overhead.module_us, "backward_call": cal.overhead.backward_call_us}
+        return node + extra.get(case["pass"], 0.0) * 1e-6
     if kind == "launch":
         return kernel_cost(memory_op("launch", 1, 1, 4), device, cal).seconds
     if kind == "host_copy":

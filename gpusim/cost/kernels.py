@@ -94,9 +94,11 @@ def first_touch_cost(op: Op, cal: Calibration) -> float:
     return op.alloc_bytes / units.gb_s(rate)
 
 
-def host_cost(device: DeviceProfile, cal: Calibration) -> float:
-    """Host seconds to dispatch one op: framework dispatch plus the launch call on a GPU."""
-    return units.us(cal.overhead.dispatch_us + cal.overhead.launch_us)
+def host_cost(device: DeviceProfile, cal: Calibration, autograd: bool = False) -> float:
+    """Host seconds to dispatch one op: framework dispatch plus the launch call on a GPU,
+    plus autograd's bookkeeping for ops of the forward and backward passes."""
+    extra = cal.overhead.autograd_us if autograd else 0.0
+    return units.us(cal.overhead.dispatch_us + cal.overhead.launch_us + extra)
 
 
 def copy_cost(n_bytes: float, link_bandwidth: float, latency: float, efficiency: float) -> float:

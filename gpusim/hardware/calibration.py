@@ -62,6 +62,13 @@ class OverheadCalibration(Frozen):
     kernel_us: NonNegative = Field(description="device-side gap per kernel")
     launch_us: NonNegative = Field(description="host time to launch one kernel")
     dispatch_us: NonNegative = Field(description="framework (PyTorch eager) host time per op")
+    autograd_us: NonNegative = Field(
+        0.0, description="extra host time per op of a training pass: recording an autograd "
+                         "node in forward, running it in backward (not the optimizer)")
+    module_us: NonNegative = Field(
+        0.0, description="Python host time of calling one layer (an nn.Module), beyond its ops")
+    backward_call_us: NonNegative = Field(
+        0.0, description="host time of one backward() call, beyond its nodes")
 
 
 class Calibration(Frozen):
@@ -110,11 +117,12 @@ def _all(root: str) -> tuple[Calibration, ...]:
     return tuple(load_calibration_file(p) for p in sorted(folder.glob("*.yaml")))
 
 
-def calibration_for(device: DeviceProfile) -> Calibration:
-    """The calibration of ``device``: its own fitted file, else its architecture's."""
+def calibration_for(device: DeviceProfile, own: bool = True) -> Calibration:
+    """The calibration of ``device``: its own fitted file (unless ``own`` is False), else its
+    architecture's."""
     found = _all(str(profiles_dir()))
     for cal in found:
-        if cal.device == device.name:
+        if own and cal.device == device.name:
             return cal
     for cal in found:
         if cal.architecture == device.architecture:

@@ -209,6 +209,50 @@ def time_dispatch(device: torch.device, repeats: int) -> Timing:
                   timing.repeats, ops)
 
 
+class _Add(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+def time_autograd_dispatch(device: torch.device, repeats: int) -> dict[str, Timing]:
+    """Host time per op in training: a one-element op on tensors that require grad (the
+    forward records an autograd node), per node of a backward pass through a chain, per
+    call of a one-op ``nn.Module`` (the Python cost of a layer), and per ``backward()``
+    call on a one-node graph (the cost of entering the autograd engine)."""
+    ops = 200
+    a = torch.ones(1, device=device, requires_grad=True)
+    b = torch.ones(1, device=device)
+
+    def chain() -> torch.Tensor:
+        x = a
+        for _ in range(ops):
+            x = x + b
+        return x
+
+    forward = time_call(chain, torch.device("cpu"), repeats=repeats, loop=False)
+    state: dict[str, torch.Tensor] = {}
+
+    def setup() -> None:
+        a.grad = None
+        state["out"] = chain()
+
+    backward = time_call(lambda: state["out"].backward(), device, setup=setup,
+                         repeats=repeats)
+    module = _Add()
+    modules = time_call(lambda: [module(a, b) for _ in range(ops)], torch.device("cpu"),
+                        repeats=repeats, loop=False)
+
+    def one_node() -> None:
+        a.grad = None
+        state["out"] = a + b
+
+    call = time_call(lambda: state["out"].backward(), device, setup=one_node, repeats=repeats)
+    out = {name: Timing(t.median_s / ops, t.p10_s / ops, t.p90_s / ops, t.repeats, ops)
+           for name, t in (("forward", forward), ("backward", backward), ("module", modules))}
+    out["backward_call"] = call
+    return out
+
+
 def time_launch(device: torch.device, repeats: int) -> Timing:
     """Device time per empty-ish kernel: a CUDA graph of one-element adds, replayed."""
     a = torch.ones(1, device=device)

@@ -64,6 +64,8 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
     cache = (getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
              if device.type == "cuda" else CPU_CACHE_BYTES)
     yield {"id": "dispatch", "kind": "dispatch"}, lambda r: micro.time_dispatch(device, r)
+    yield ({"id": "autograd", "kind": "autograd"},
+           lambda r: micro.time_autograd_dispatch(device, r))
     if device.type == "cuda":
         yield {"id": "launch", "kind": "launch"}, lambda r: micro.time_launch(device, r)
     shapes = micro.gemm_shapes()[:4] if quick else micro.gemm_shapes()

@@ -56,7 +56,7 @@ class _Elementwise(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op, args = self.op, self.args
         if op in ("batch_norm", "layer_norm", "rms_norm"):
-            return self.norm(x)  # type: ignore[no-any-return]
+            return self.norm(x)
         if op == "relu":
             return F.relu(x, inplace=self.inplace)
         if op == "gelu":
@@ -182,7 +182,7 @@ class Network(nn.Module):
                                f"layer ({model.layers[0].name})")
         self.calls: list[LayerCall] | None = None  # filled when recording
 
-    def forward(self) -> torch.Tensor:  # type: ignore[override]
+    def forward(self) -> torch.Tensor:
         x: torch.Tensor | None = self.input
         skip: torch.Tensor | None = None
         block: str | None = None
@@ -199,7 +199,7 @@ class Network(nn.Module):
             assert x is not None
             if isinstance(layer, CrossEntropy):
                 self._record(i, "loss", [x])
-                return mod(x, self.targets[i])  # type: ignore[no-any-return]
+                return mod(x, self.targets[i])
             if isinstance(layer, Conv2d) and skip is not None and \
                     tuple(x.shape[1:]) != (layer.in_channels, layer.height, layer.width) and \
                     tuple(skip.shape[1:]) == (layer.in_channels, layer.height, layer.width):

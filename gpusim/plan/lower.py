@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from gpusim import units
 from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
@@ -170,13 +171,32 @@ def _to_kernel(op: Op, job: TrainingJob, cal: Calibration, host_s: float) -> Ker
                   cost.bound)
 
 
+def _python_overheads(kernels: list[Kernel], cal: Calibration) -> tuple[Kernel, ...]:
+    """Host time outside any op: calling each layer's module in forward, and entering the
+    autograd engine once per backward pass (charged to the first kernel of each)."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    backward_started = False
+    for k in kernels:
+        extra = 0.0
+        if k.phase in ("forward", "recompute") and (k.phase, k.layer) not in seen:
+            seen.add((k.phase, k.layer))
+            extra += cal.overhead.module_us
+        if k.phase == "backward" and not backward_started:
+            backward_started = True
+            extra += cal.overhead.backward_call_us
+        out.append(replace(k, host_s=k.host_s + units.us(extra)) if extra else k)
+    return tuple(out)
+
+
 def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     """The step plan of ``job``, every kernel costed for its device (under ``calibration``
     when given, else the device's own)."""
     cal = calibration or calibration_for(job.device)
     host_s = host_cost(job.device, cal)
+    training_host_s = host_cost(job.device, cal, autograd=True)
     ops = microbatch_ops(job)
-    micro = tuple(_to_kernel(op, job, cal, host_s) for op in ops)
+    micro = _python_overheads([_to_kernel(op, job, cal, training_host_s) for op in ops], cal)
     opt = tuple(_to_kernel(op, job, cal, host_s) for op in optimizer_ops(job))
     n = job.microbatch_size
     link = _host_link(job)

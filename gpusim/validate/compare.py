@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpusim import units
 from gpusim.errors import GpusimError, InvalidMeasurement
 from gpusim.estimate import simulate_step
 from gpusim.hardware.calibration import Calibration, calibration_for
@@ -137,13 +138,19 @@ def _layer_rows(job: TrainingJob, case: dict[str, Any],
     by_layer: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
     for k in plan.microbatch:
         by_layer[(k.layer, k.phase)].append(k)
+    # Each layer's backward is timed as its own backward() call; the step makes one, which
+    # the plan charges to the first layer of the backward pass.
+    first_backward = next((k.layer for k in plan.microbatch if k.phase == "backward"), "")
+    call_s = units.us(plan.calibration.overhead.backward_call_us)
     rows = []
     for measured in case.get("layers", []):
         for phase in ("forward", "backward"):
             kernels = by_layer.get((measured["layer"], phase))
             if phase in measured and kernels:
-                rows.append(LayerRow(measured["layer"], phase,
-                                     _layer_seconds(kernels, job.device.is_gpu),
+                seconds = _layer_seconds(kernels, job.device.is_gpu)
+                if phase == "backward" and measured["layer"] != first_backward:
+                    seconds += call_s
+                rows.append(LayerRow(measured["layer"], phase, seconds,
                                      measured[phase]["median_s"]))
     return rows
 
