@@ -56,6 +56,24 @@ class CommGroup:
     nvls: bool
     nvlink_generation: int | None
 
+    def __post_init__(self) -> None:
+        if min(self.size, self.ranks_per_node, self.num_nodes) < 1:
+            raise InvalidConfig(
+                f"a group needs at least one rank and node (got size {self.size}, "
+                f"{self.ranks_per_node} per node, {self.num_nodes} nodes)"
+            )
+        if self.ranks_per_node * self.num_nodes < self.size:
+            raise InvalidConfig(
+                f"{self.size} ranks do not fit {self.num_nodes} nodes of {self.ranks_per_node}"
+            )
+        if self.intra_node_bytes_per_s <= 0 or (
+            self.num_nodes > 1 and self.inter_node_bytes_per_s <= 0
+        ):
+            raise InvalidConfig(
+                f"a group of {self.size} ranks on {self.num_nodes} node(s) needs positive "
+                f"bandwidth on the links it crosses"
+            )
+
     @property
     def spans_nodes(self) -> bool:
         return self.num_nodes > 1
