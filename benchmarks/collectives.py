@@ -28,23 +28,7 @@ DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / 
 
 _A100 = load_system("dgx-a100")
 _H100 = load_system("dgx-h100")
-# Two H100 PCIe cards joined by NVLink bridges: 600 GB/s both ways = 12 NVLink 4 links each.
-_H100_PCIE_PAIR = SystemProfile(
-    name="h100-pcie-nvlink-bridge",
-    full_name="2x H100 PCIe with NVLink bridges",
-    gpu="h100-pcie",
-    gpus_per_node=2,
-    host_link="pcie5",
-    intra_node_link="nvlink4",
-    intra_node_links_per_gpu=12,
-    intra_node_topology="full-mesh",
-    sources={
-        "gpus_per_node": "nccl issue #1161: two cards",
-        "cpus_per_node": "not modelled",
-        "intra_node_links_per_gpu": "H100 PCIe datasheet: NVLink 600 GB/s (bridge)",
-        "nics_per_node": "single machine",
-    },
-)
+_H100_PCIE_PAIR = load_system("h100-pcie-nvlink-pair")
 
 # Case id -> (system, GPUs, message bytes). Sizes are the largest each run reports.
 SETUPS: dict[str, tuple[SystemProfile, int, float]] = {
