@@ -18,12 +18,9 @@ from gpusim.comm.collectives import (
     Collective,
     CollectiveTuning,
     algorithm_seconds,
-    all_reduce_seconds,
-    all_to_all_seconds,
     bus_bandwidth,
     collective_seconds,
     fastest_algorithm,
-    send_recv_seconds,
 )
 from gpusim.comm.topology import CommGroup, Topology
 from gpusim.errors import InvalidConfig
@@ -163,13 +160,15 @@ def test_send_recv_across_nodes_uses_the_network() -> None:
     topology = Topology.build("dgx-h100", 16)
     inside, across = topology.place(2, stride=4), topology.place(2, stride=8)
     assert not inside.spans_nodes and across.spans_nodes
-    assert send_recv_seconds(across, GIB) > 5 * send_recv_seconds(inside, GIB)
+    assert collective_seconds("send_recv", across, GIB) > \
+        5 * collective_seconds("send_recv", inside, GIB)
 
 
 def test_all_to_all_is_bound_by_the_network_share() -> None:
     placed = group("dgx-h100", 16)
     # Half of each rank's buffer leaves the node over its 50 GB/s NIC share at 90%.
-    assert all_to_all_seconds(placed, GIB) == pytest.approx(0.5 * GIB / (50e9 * 0.9), rel=0.01)
+    assert collective_seconds("all_to_all", placed, GIB) == \
+        pytest.approx(0.5 * GIB / (50e9 * 0.9), rel=0.01)
 
 
 # --- placement -----------------------------------------------------------------------------
@@ -233,7 +232,7 @@ def test_other_bad_requests_are_refused() -> None:
     with pytest.raises(InvalidConfig, match="the job has 16 GPUs"):
         Topology.build("dgx-h100", 16).parallel_groups(tensor=8, data=4)
     with pytest.raises(InvalidConfig, match="negative size"):
-        all_reduce_seconds(group("dgx-h100", 8), -1)
+        collective_seconds("all_reduce", group("dgx-h100", 8), -1)
     with pytest.raises(InvalidConfig, match="unknown collective"):
         collective_seconds("gather", group("dgx-h100", 8), 1)  # type: ignore[arg-type]
     with pytest.raises(InvalidConfig, match="network_efficiency"):
@@ -312,7 +311,7 @@ NCCL_MEAN_TOLERANCE = 0.10
 
 def predicted_bus_gb_s(case: NcclCase) -> float:
     placed = group(case.system, case.num_gpus)
-    seconds = all_reduce_seconds(placed, case.n_bytes, DEFAULT_TUNING)
+    seconds = collective_seconds("all_reduce", placed, case.n_bytes, DEFAULT_TUNING)
     return bus_bandwidth("all_reduce", case.num_gpus, case.n_bytes, seconds) / 1e9
 
 

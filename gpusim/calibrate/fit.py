@@ -17,6 +17,7 @@ can enter a fit.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import math
 import statistics
@@ -107,7 +108,7 @@ def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
 
     def score_with(path: Path_) -> Callable[[float], float]:
         def score(value: float) -> float:
-            trial = _deep_copy(data)
+            trial = copy.deepcopy(data)
             _set(trial, path, value)
             return _log_error(cases, device, Calibration.model_validate(trial))
         return score
@@ -116,10 +117,6 @@ def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
         for path, kind in params:
             lo, hi, zero = _RANGE[kind]
             _set(data, path, _search(lo, hi, score_with(path), zero))
-
-
-def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
 
 
 Group = tuple[str, list[dict[str, Any]], list[tuple[Path_, str]]]

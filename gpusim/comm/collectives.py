@@ -268,41 +268,6 @@ def collective_seconds(
     return fastest_algorithm(collective, group, n_bytes, tuning)[1]
 
 
-def all_reduce_seconds(
-    group: CommGroup, n_bytes: float, tuning: CollectiveTuning = DEFAULT_TUNING
-) -> float:
-    return collective_seconds("all_reduce", group, n_bytes, tuning)
-
-
-def all_gather_seconds(
-    group: CommGroup, n_bytes: float, tuning: CollectiveTuning = DEFAULT_TUNING
-) -> float:
-    return collective_seconds("all_gather", group, n_bytes, tuning)
-
-
-def reduce_scatter_seconds(
-    group: CommGroup, n_bytes: float, tuning: CollectiveTuning = DEFAULT_TUNING
-) -> float:
-    return collective_seconds("reduce_scatter", group, n_bytes, tuning)
-
-
-def broadcast_seconds(
-    group: CommGroup, n_bytes: float, tuning: CollectiveTuning = DEFAULT_TUNING
-) -> float:
-    return collective_seconds("broadcast", group, n_bytes, tuning)
-
-
-def all_to_all_seconds(
-    group: CommGroup, n_bytes: float, tuning: CollectiveTuning = DEFAULT_TUNING
-) -> float:
-    return collective_seconds("all_to_all", group, n_bytes, tuning)
-
-
-def send_recv_seconds(
-    group: CommGroup, n_bytes: float, tuning: CollectiveTuning = DEFAULT_TUNING
-) -> float:
-    return collective_seconds("send_recv", group, n_bytes, tuning)
-
 
 # nccl-tests' busBw factors (doc/PERFORMANCE.md): the share of the buffer that must cross
 # the busiest link, so busBw is comparable with link bandwidth whatever the rank count.

@@ -105,7 +105,7 @@ def _first_trainable(model: Model) -> int:
     return next((i for i, layer in enumerate(model.layers) if layer.params), len(model.layers))
 
 
-def _layer_inputs(call: LayerCall, net: Network, model: Model, batch: int,
+def _layer_inputs(call: LayerCall, model: Model, batch: int,
                   device: torch.device) -> list[torch.Tensor]:
     """Fresh random inputs shaped as the layer saw them in the recorded forward pass."""
     layer = model.layers[call.index]
@@ -146,7 +146,7 @@ def measure_layers(net: Network, case: ModelCase, device: torch.device,
 def _time_layer(call: LayerCall, net: Network, case: ModelCase, device: torch.device,
                 repeats: int) -> dict[str, Any]:
     model = net.model
-    inputs = _layer_inputs(call, net, model, case.batch_size, device)
+    inputs = _layer_inputs(call, model, case.batch_size, device)
     forward = _layer_forward(call, net, model, case.batch_size, inputs, device)
     params = list(net.mods[call.index].parameters())
     state: dict[str, Any] = {}
