@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from gpusim import cli_validation, units
+from gpusim.comm.topology import system_for_gpu
 from gpusim.errors import GpusimError, InvalidConfig
 from gpusim.estimate import estimate, resolve_model
-from gpusim.hardware.catalog import catalog, load_profile_file
+from gpusim.hardware.catalog import catalog, load_gpu, load_profile_file, load_system
 from gpusim.hardware.profile import (
     CPUProfile,
     DeviceProfile,
@@ -23,7 +24,8 @@ from gpusim.hardware.profile import (
     LinkProfile,
     SystemProfile,
 )
-from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.parallel import SCHEDULES, ZERO_STAGES
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import FP32
@@ -44,9 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--model", required=True,
                    help="zoo name (gpusim models list), a model YAML file, or 'transformer' "
                         "with --layers/--hidden/--heads")
-    e.add_argument("--gpu", required=True,
-                   help="GPU or CPU profile name or alias (gpusim profiles list), or a YAML file")
-    e.add_argument("--batch-size", type=int, required=True, help="samples per optimizer step")
+    e.add_argument("--gpu",
+                   help="GPU or CPU profile name or alias (gpusim profiles list), or a YAML "
+                        "file; with --system, its GPU")
+    e.add_argument("--batch-size", type=int, required=True,
+                   help="samples per optimizer step (the global batch over all GPUs)")
     e.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
     length = e.add_argument_group("run length (one of)")
     length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
@@ -58,12 +62,36 @@ def _parser() -> argparse.ArgumentParser:
     tech.add_argument("--grad-accum", type=int, default=1,
                       help="microbatches per optimizer step (default 1)")
     tech.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    tech.add_argument("--checkpointing", default="none", choices=("none", "full"),
-                      help="activation checkpointing per block")
+    tech.add_argument("--checkpointing", "--recompute", default="none", choices=CHECKPOINTING,
+                      help="activation checkpointing (--recompute is the same flag): full re-runs "
+                           "each block's forward, selective only the attention cores")
     tech.add_argument("--freeze", default="",
                       help="comma-separated layer-name prefixes to freeze (e.g. embed,h.0)")
     tech.add_argument("--loader-workers", type=int, default=8,
                       help="data-loader worker processes; 0 for synthetic data on the device")
+    many = e.add_argument_group("many GPUs")
+    many.add_argument("--num-gpus", type=int, help="GPUs in the job (default 1)")
+    many.add_argument("--nodes", type=int, help="nodes of --system (instead of --num-gpus)")
+    many.add_argument("--system", help="node design (gpusim profiles list), e.g. dgx-h100; "
+                                       "default: one built around --gpu")
+    many.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    many.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
+    many.add_argument("--dp", type=int, help="data-parallel size (default: GPUs / (TP x PP))")
+    many.add_argument("--microbatch-size", type=int,
+                      help="samples per GPU per forward pass (default: batch / (DP x "
+                           "grad-accum))")
+    many.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
+                      help="pipeline schedule (default 1f1b)")
+    many.add_argument("--virtual-stages", type=int, default=1,
+                      help="model chunks per stage for --schedule interleaved")
+    many.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES,
+                      help="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also "
+                           "weights (FSDP full sharding)")
+    many.add_argument("--sequence-parallel", action="store_true",
+                      help="Megatron-LM sequence parallelism (needs --tp > 1)")
+    many.add_argument("--no-overlap-grad-reduce", action="store_true",
+                      help="reduce data-parallel gradients after the backward pass, not "
+                           "during it")
     dims = e.add_argument_group("transformer dimensions (with --model transformer)")
     for name in _DIMENSIONS:
         dims.add_argument(f"--{name.replace('_', '-')}", type=int)
@@ -119,11 +147,27 @@ def _estimate(args: argparse.Namespace) -> int:
         raise InvalidConfig("--dataset-size needs --epochs")
     model = _model_from_args(args)
     frozen = tuple(p for p in args.freeze.split(",") if p)
+    if args.gpu is None and args.system is None:
+        raise InvalidConfig("give --gpu (one device, or with --num-gpus) or --system")
+    num_gpus = args.num_gpus or 1
+    if args.nodes is not None:
+        if args.num_gpus is not None:
+            raise InvalidConfig("give --nodes or --num-gpus, not both")
+        if args.nodes < 1:
+            raise InvalidConfig(f"--nodes must be at least 1 (got {args.nodes})")
+        per_node = (load_system(args.system).gpus_per_node if args.system
+                    else system_for_gpu(load_gpu(args.gpu))[0].gpus_per_node)
+        num_gpus = args.nodes * per_node
     result = estimate(
         model, args.gpu, args.batch_size, precision=args.precision, epochs=args.epochs,
         dataset_size=args.dataset_size, tokens=args.tokens, steps=args.steps,
         seq_len=args.seq_len, grad_accum=args.grad_accum, optimizer=args.optimizer,
         checkpointing=args.checkpointing, frozen=frozen, loader_workers=args.loader_workers,
+        num_gpus=num_gpus, system=args.system, tp=args.tp, pp=args.pp, dp=args.dp,
+        microbatch_size=args.microbatch_size, schedule=args.schedule,
+        virtual_stages=args.virtual_stages, zero=args.zero,
+        sequence_parallel=args.sequence_parallel,
+        overlap_grad_reduce=not args.no_overlap_grad_reduce,
     )
     if args.trace:
         result.step.trace.write_chrome(args.trace)

@@ -9,15 +9,19 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gpusim.errors import InvalidConfig
+from gpusim import units
+from gpusim.comm.topology import Topology, system_for_gpu
+from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.hardware.catalog import load_device
-from gpusim.hardware.profile import DeviceProfile
+from gpusim.hardware.catalog import load_device, load_system
+from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
 from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPrecision
 from gpusim.plan.lower import lower
-from gpusim.plan.memory import check_fits, memory_plan
+from gpusim.plan.memory import MemoryPlan, check_fits, memory_plan
+from gpusim.plan.parallel import ParallelConfig, ParallelJob, plan_parallel, stage_memory
 from gpusim.report import StepResult, TrainingEstimate
 from gpusim.sim.engine import simulate
+from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.workload import formats, zoo
 from gpusim.workload.model import Model
 
@@ -80,6 +84,109 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
     )
 
 
+def _check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
+    stage = max(range(len(mems)), key=lambda i: mems[i].required_bytes)
+    mem = mems[stage]
+    if mem.fits:
+        return
+    p = job.parallel
+    parts = ", ".join(f"{k.replace('_', ' ')} {units.human_bytes(v)}"
+                      for k, v in mem.breakdown().items() if v)
+    advice = []
+    if p.microbatch_size > 1:
+        advice.append("a smaller --microbatch-size")
+    if job.checkpointing != "full":
+        advice.append("--recompute full" if job.checkpointing == "selective"
+                      else "--recompute selective or full")
+    if p.zero < 3 and (p.zero < 1 or p.pipeline == 1):
+        advice.append(f"--zero {p.zero + 1}")
+    advice.append("more tensor or pipeline parallelism")
+    where = f"pipeline stage {stage}" if p.pipeline > 1 else "each GPU"
+    raise OutOfMemory(
+        f"{job.model.name} under {p.describe()} needs {units.human_bytes(mem.required_bytes)} "
+        f"on {where} but {job.topology.gpu.name} has {units.human_bytes(mem.usable_bytes)} "
+        f"usable ({parts}); try {', '.join(advice)}",
+        required_bytes=mem.required_bytes, available_bytes=mem.usable_bytes,
+    )
+
+
+def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = None, *,
+                           trace: bool = True) -> StepResult:
+    """Simulate one step of a multi-GPU job (raises OutOfMemory if a stage does not fit)."""
+    plan = plan_parallel(job, calibration)
+    mems = [stage_memory(plan, stage) for stage in plan.stages]
+    _check_fits_parallel(job, mems)
+    sim = simulate_pipeline(plan, trace=trace)
+    gpu = job.topology.gpu
+    peak, _ = gpu.peak_flops(job.stage_job(job.model).numerics().matmul, matrix=True)  # type: ignore[arg-type]
+    worst = max(mems, key=lambda m: m.peak_bytes)
+    kernels = sum(c.forward.kernels + c.backward.kernels for c in plan.stages[0].chunks)
+    return StepResult(
+        step_time_s=sim.step_time_s,
+        breakdown_s=sim.breakdown_s,
+        samples_per_step=job.batch_size,
+        tokens_per_sample=job.model.tokens_per_sample,
+        model_flops_per_step=job.batch_size * job.model.training_flops_per_sample,
+        peak_flops=peak,
+        peak_memory_bytes=worst.peak_bytes,
+        memory_breakdown_bytes=worst.breakdown(),
+        kernels_per_step=kernels * job.microbatches,
+        busy_fraction=sim.busy_fraction,
+        trace=sim.trace,
+        num_gpus=job.topology.num_gpus,
+        parallel=job.parallel.describe(),
+    )
+
+
+def _parallel_assumptions(job: ParallelJob, assumed_system: bool) -> list[str]:
+    p, topo = job.parallel, job.topology
+    num = job.stage_job(job.model).numerics()
+    out = [f"{topo.num_gpus} GPUs on {topo.num_nodes} node(s) of {topo.system.full_name}"
+           + (" (an assumed design: no system profile names this GPU; give --system)"
+              if assumed_system else ""),
+           f"{p.describe()}; {job.microbatches} microbatches per pipeline per step"]
+    if job.master_weights:
+        grads = "fp16" if job.stage_job(job.model).grad_bytes == 2 else "fp32"
+        out.append(f"Megatron-LM style: weights in {num.activation} with fp32 master copies; "
+                   f"gradients reduced in {grads}")
+    else:
+        out.append(f"PyTorch DDP with autocast: matrix products in {num.matmul}, fp32 weights "
+                   "and gradients")
+    if p.data > 1 and p.zero <= 1:
+        out.append("data-parallel gradients reduced in 25 MiB buckets during the last backward "
+                   "pass" if p.overlap_grad_reduce else
+                   "data-parallel gradients reduced in one buffer after the last backward pass")
+    out.append("tensor-parallel collectives on the critical path (no overlap with compute); "
+               "collectives take the fastest NCCL algorithm for their size")
+    out.append("one representative rank per pipeline stage; links not shared between "
+               "concurrent transfers of different groups; no compute slowdown from "
+               "communication kernels")
+    out.append("synthetic input on the device (no loader)")
+    out.append("energy: idle power plus the busy fraction of (TDP - idle power), per GPU")
+    return out
+
+
+def resolve_topology(gpu: str | DeviceProfile | None, system: str | SystemProfile | None,
+                     num_gpus: int) -> tuple[Topology, bool]:
+    """The cluster for a multi-GPU job: a named system, or one built around the GPU."""
+    if system is not None:
+        profile = load_system(system) if isinstance(system, str) else system
+        topo = Topology.build(profile, num_gpus)
+        if gpu is not None:
+            device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
+            if device.name != topo.gpu.name:
+                raise InvalidConfig(f"--gpu {device.name} differs from {profile.name}'s GPU "
+                                    f"({topo.gpu.name}); give one of them")
+        return topo, False
+    if gpu is None:
+        raise InvalidConfig("give --gpu or --system")
+    device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
+    if not isinstance(device, GPUProfile):
+        raise InvalidConfig(f"{device.name} is a CPU; multi-device jobs need GPUs")
+    profile, assumed = system_for_gpu(device)
+    return Topology.build(profile, num_gpus, device), assumed
+
+
 def _assumptions(job: TrainingJob) -> list[str]:
     num = job.numerics()
     out = [f"matrix products in {num.matmul}, convolutions in {num.conv}, activations in "
@@ -101,9 +208,33 @@ def _assumptions(job: TrainingJob) -> list[str]:
     return out
 
 
+def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
+                    dp: int | None = None, microbatch_size: int | None = None,
+                    grad_accum: int = 1, **options: object) -> ParallelConfig:
+    """A ParallelConfig from what a user gives: DP defaults to the GPUs left over by TP x PP,
+    the microbatch to the global batch over DP x gradient accumulation."""
+    if tp < 1 or pp < 1:
+        raise InvalidConfig(f"--tp and --pp must be at least 1 (got {tp}, {pp})")
+    if dp is None:
+        if num_gpus % (tp * pp):
+            raise InvalidConfig(f"{num_gpus} GPUs do not split into TP {tp} x PP {pp}; pick "
+                                f"sizes whose product divides the GPU count")
+        dp = num_gpus // (tp * pp)
+    if microbatch_size is None:
+        if batch_size % (dp * grad_accum):
+            raise InvalidConfig(f"global batch {batch_size} does not split over DP {dp} x "
+                                f"{grad_accum} microbatches; give --microbatch-size")
+        microbatch_size = batch_size // (dp * grad_accum)
+    elif grad_accum != 1:
+        raise InvalidConfig("give --microbatch-size or --grad-accum, not both (with a "
+                            "microbatch size the accumulation follows from the batch)")
+    return ParallelConfig(tensor=tp, pipeline=pp, data=dp, microbatch_size=microbatch_size,
+                          **options)  # type: ignore[arg-type]
+
+
 def estimate(
     model: str | Model,
-    gpu: str | DeviceProfile,
+    gpu: str | DeviceProfile | None,
     batch_size: int,
     *,
     precision: TrainingPrecision = "fp32",
@@ -117,21 +248,55 @@ def estimate(
     checkpointing: Checkpointing = "none",
     frozen: tuple[str, ...] = (),
     loader_workers: int = 8,
+    num_gpus: int = 1,
+    system: str | SystemProfile | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int | None = None,
+    microbatch_size: int | None = None,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    overlap_grad_reduce: bool = True,
 ) -> TrainingEstimate:
-    """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile).
+    """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
+    ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
 
-    The run's length comes from exactly one of ``steps``, ``tokens`` (language models) or
-    ``epochs`` with ``dataset_size``; with none, one step is estimated.
+    ``batch_size`` is the global batch per optimizer step. The run's length comes from
+    exactly one of ``steps``, ``tokens`` (language models) or ``epochs`` with
+    ``dataset_size``; with none, one step is estimated.
     """
-    device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
     net = resolve_model(model, seq_len)
     if steps is None and tokens is None and epochs is None:
         steps = 1
     n_steps = training_steps(net, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
-    job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer, checkpointing,
-                      frozen, loader_workers)
-    step = simulate_step(job)
+    if num_gpus < 1:
+        raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
+    parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
+                or microbatch_size is not None)
+    if parallel:
+        if frozen:
+            raise InvalidConfig("--freeze applies to single-device jobs for now")
+        topo, assumed = resolve_topology(gpu, system, num_gpus)
+        config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp,
+                                 microbatch_size=microbatch_size, grad_accum=grad_accum,
+                                 schedule=schedule, virtual_stages=virtual_stages, zero=zero,
+                                 sequence_parallel=sequence_parallel,
+                                 overlap_grad_reduce=overlap_grad_reduce)
+        pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing)
+        step = simulate_parallel_step(pjob)
+        device: DeviceProfile = topo.gpu
+        assumptions = _parallel_assumptions(pjob, assumed)
+    else:
+        if gpu is None:
+            raise InvalidConfig("give --gpu (or --system with --num-gpus)")
+        device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
+        job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
+                          checkpointing, frozen, loader_workers)
+        step = simulate_step(job)
+        assumptions = _assumptions(job)
     cal = calibration_for(device)
     idle = cal.idle_power_fraction * device.tdp_w
     power = idle + (device.tdp_w - idle) * step.busy_fraction
@@ -148,5 +313,5 @@ def estimate(
         price_source=f"{quote.provider}, {quote.date}" if quote else None,
         average_power_w=power,
         calibration=f"{cal.name} ({cal.status})",
-        assumptions=_assumptions(job),
+        assumptions=assumptions,
     )

@@ -30,6 +30,8 @@ class StepResult(BaseModel):
     kernels_per_step: int
     busy_fraction: float
     trace: Trace = Field(exclude=True, repr=False)
+    num_gpus: int = 1
+    parallel: str | None = Field(None, description="the split, for multi-GPU jobs")
 
     @property
     def samples_per_s(self) -> float:
@@ -41,8 +43,8 @@ class StepResult(BaseModel):
 
     @property
     def mfu(self) -> float:
-        """Model FLOPs utilization: model FLOP/s over the datasheet peak."""
-        return self.model_flops_per_step / self.step_time_s / self.peak_flops
+        """Model FLOPs utilization: model FLOP/s over the datasheet peak of every GPU."""
+        return self.model_flops_per_step / self.step_time_s / (self.peak_flops * self.num_gpus)
 
 
 class TrainingEstimate(BaseModel):
@@ -68,8 +70,12 @@ class TrainingEstimate(BaseModel):
         return self.steps * self.step.step_time_s
 
     @property
+    def num_gpus(self) -> int:
+        return self.step.num_gpus
+
+    @property
     def gpu_hours(self) -> float:
-        return units.to_hours(self.time_to_train_s)
+        return units.to_hours(self.time_to_train_s) * self.num_gpus
 
     @property
     def cost_usd(self) -> float | None:
@@ -79,7 +85,7 @@ class TrainingEstimate(BaseModel):
 
     @property
     def energy_kwh(self) -> float:
-        return units.to_kwh(self.average_power_w * self.time_to_train_s)
+        return units.to_kwh(self.average_power_w * self.num_gpus * self.time_to_train_s)
 
     def to_json(self) -> dict[str, Any]:
         """The estimate as one JSON object whose keys name their units."""
@@ -88,6 +94,8 @@ class TrainingEstimate(BaseModel):
             "model": self.model,
             "device": self.device,
             "device_name": self.device_name,
+            "num_gpus": self.num_gpus,
+            "parallel": s.parallel,
             "batch_size": self.batch_size,
             "precision": self.precision,
             "step_time_s": s.step_time_s,
@@ -102,6 +110,7 @@ class TrainingEstimate(BaseModel):
             "average_power_w": self.average_power_w,
             "energy_kwh": self.energy_kwh,
             "peak_memory_bytes": s.peak_memory_bytes,
+            "peak_memory_per_gpu_bytes": s.peak_memory_bytes,
             "memory_breakdown_bytes": s.memory_breakdown_bytes,
             "mfu": s.mfu,
             "model_flops_per_step": s.model_flops_per_step,
@@ -114,8 +123,10 @@ class TrainingEstimate(BaseModel):
     def summary(self) -> str:
         """A short table for people."""
         s = self.step
+        where = (f"{self.num_gpus} x {self.device_name} ({s.parallel})" if self.num_gpus > 1
+                 else self.device_name)
         lines = [
-            f"{self.model} on {self.device_name}, batch {self.batch_size}, {self.precision}",
+            f"{self.model} on {where}, batch {self.batch_size}, {self.precision}",
             "",
             f"  step time        {units.human_seconds(s.step_time_s):>14}",
             f"  throughput       {s.samples_per_s:>14,.1f} samples/s",
@@ -131,15 +142,16 @@ class TrainingEstimate(BaseModel):
             f"  GPU-hours        {self.gpu_hours:>14,.2f} h",
             f"  cost             {cost:>14}{price}",
             f"  energy           {self.energy_kwh:>14,.2f} kWh "
-            f"(average {self.average_power_w:.0f} W)",
-            f"  peak memory      {units.human_bytes(s.peak_memory_bytes):>14}",
+            f"(average {self.average_power_w:.0f} W per device)",
+            f"  peak memory      {units.human_bytes(s.peak_memory_bytes):>14}"
+            + (" per GPU" if self.num_gpus > 1 else ""),
             f"  MFU              {100 * s.mfu:>13.1f} %",
             "",
             "  step breakdown",
         ]
         for key, seconds in s.breakdown_s.items():
             share = 100 * seconds / s.step_time_s if s.step_time_s else 0.0
-            lines.append(f"    {key.replace('_', ' '):<16}{units.human_seconds(seconds):>12}"
+            lines.append(f"    {key.replace('_', ' '):<22}{units.human_seconds(seconds):>10}"
                          f"  {share:5.1f} %")
         lines += ["", f"  calibration: {self.calibration}", "  assumptions:"]
         lines += [f"    - {a}" for a in self.assumptions]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpusim.errors import InvalidConfig
-from gpusim.hardware.catalog import load_gpu, load_link, load_system
+from gpusim.hardware.catalog import catalog, load_gpu, load_link, load_system
 from gpusim.hardware.profile import GPUProfile, LinkProfile, SystemProfile
 
 LinkFamily = Literal["pcie", "nvlink", "infinity-fabric", "infiniband", "ethernet"]
@@ -102,13 +102,14 @@ class Topology:
             )
 
     @classmethod
-    def build(cls, system: SystemProfile | str, num_gpus: int) -> Topology:
-        """Resolve the system's GPU and links from the catalog (a name or a profile)."""
+    def build(cls, system: SystemProfile | str, num_gpus: int,
+              gpu: GPUProfile | None = None) -> Topology:
+        """Resolve the system's GPU (unless given) and links from the catalog."""
         profile = load_system(system) if isinstance(system, str) else system
         has_network = profile.inter_node_link is not None and profile.nics_per_node > 0
         return cls(
             system=profile,
-            gpu=load_gpu(profile.gpu),
+            gpu=gpu or load_gpu(profile.gpu),
             num_gpus=num_gpus,
             intra_node_link=load_link(profile.intra_node_link),
             host_link=load_link(profile.host_link),
@@ -222,3 +223,24 @@ class Topology:
 def _generation(link: LinkProfile) -> int:
     """A link's generation as a number (0 when the profile names it otherwise, e.g. 100GbE)."""
     return int(link.generation) if link.generation.isdigit() else 0
+
+
+def system_for_gpu(gpu: GPUProfile) -> tuple[SystemProfile, bool]:
+    """A node design for ``gpu``: a catalog system built around it, else an assumed PCIe
+    server (eight GPUs behind PCIe switches, one 100 GbE NIC, like server-8x-rtx4090).
+    The flag says whether the design was assumed."""
+    for system in catalog().all(SystemProfile):
+        if system.gpu == gpu.name and system.gpus_per_node > 1:
+            return system, False
+    pcie = f"pcie{min(max(gpu.pcie_gen, 3), 5)}"
+    assumed = SystemProfile(
+        name=f"{gpu.name}-pcie-server",
+        full_name=f"8x {gpu.full_name} PCIe server (assumed)",
+        gpu=gpu.name, gpus_per_node=8, host_link=pcie, intra_node_link=pcie,
+        intra_node_topology="pcie-switch", inter_node_link="ethernet-100g", nics_per_node=1,
+        sources={"gpus_per_node": "assumed: no system profile names this GPU",
+                 "cpus_per_node": "not modelled",
+                 "intra_node_links_per_gpu": "one PCIe x16 link per GPU",
+                 "nics_per_node": "assumed: one 100 GbE NIC per node"},
+    )
+    return assumed, True

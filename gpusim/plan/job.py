@@ -19,7 +19,10 @@ TrainingPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 TRAINING_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
 Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum"]
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum")
-Checkpointing = Literal["none", "full"]
+# "full" re-runs each block's forward before its backward; "selective" re-runs only the
+# attention cores (Korthikanti et al. 2022), keeping everything else.
+Checkpointing = Literal["none", "selective", "full"]
+CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class TrainingJob:
     checkpointing: Checkpointing = "none"
     frozen: tuple[str, ...] = ()
     loader_workers: int = 8
+    master_weights: bool = False
+    input_requires_grad: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -59,6 +64,9 @@ class TrainingJob:
             raise InvalidConfig(
                 f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
             )
+        if self.checkpointing not in CHECKPOINTING:
+            raise InvalidConfig(f"unknown checkpointing {self.checkpointing!r}; use one of "
+                                f"{', '.join(CHECKPOINTING)}")
         if self.loader_workers < 0:
             raise InvalidConfig(f"loader workers must be 0 or more (got {self.loader_workers})")
         names = [layer.name for layer in self.model.layers]
@@ -77,6 +85,18 @@ class TrainingJob:
     @property
     def mixed_precision(self) -> bool:
         return self.precision in ("fp16", "bf16", "fp8")
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes per weight as the model holds it."""
+        return 2 if self.master_weights and self.mixed_precision else 4
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element as accumulated and reduced: fp32, except that
+        Megatron-LM's fp16 training keeps fp16 gradients (it accumulates and all-reduces in
+        fp32 only for bf16, where it forces accumulate_allreduce_grads_in_fp32)."""
+        return 2 if self.master_weights and self.precision == "fp16" else 4
 
     def is_trainable(self, layer_name: str) -> bool:
         return not any(layer_name == p or layer_name.startswith(p + ".") for p in self.frozen)

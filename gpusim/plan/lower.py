@@ -2,8 +2,9 @@
 
 One microbatch is forward, then backward in reverse layer order (input gradient, then weight
 gradient); with full activation checkpointing each block's forward runs again just before its
-backward. The optimizer step follows the last microbatch. Under mixed precision, autocast
-casts each weight to the compute type once per forward.
+backward, with selective checkpointing only each attention core's. The optimizer step follows
+the last microbatch. Under mixed precision, autocast casts each weight to the compute type
+once per forward (unless the model keeps its weights in that type, with fp32 master copies).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
 from gpusim.plan.job import TrainingJob
+from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Conv2d, Layer, Linear
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
@@ -69,7 +71,10 @@ class StepPlan:
 
 
 def _first_trainable(job: TrainingJob) -> int:
-    """Index of the first layer with trainable weights; backward stops there."""
+    """Index of the first layer with trainable weights; backward stops there (unless the
+    input itself needs a gradient)."""
+    if job.input_requires_grad:
+        return -1
     for i, layer in enumerate(job.model.layers):
         if layer.params and job.is_trainable(layer.name):
             return i
@@ -79,7 +84,8 @@ def _first_trainable(job: TrainingJob) -> int:
 def _autocast(layer: Layer, job: TrainingJob) -> bool:
     """Autocast runs matrix products and convolutions in the low precision, casting their
     fp32 weights once per forward; norms and embeddings keep fp32 weights."""
-    return job.mixed_precision and layer.params > 0 and isinstance(layer, (Linear, Conv2d))
+    return (job.mixed_precision and not job.master_weights and layer.params > 0
+            and isinstance(layer, (Linear, Conv2d)))
 
 
 def _forward_ops(layer: Layer, job: TrainingJob, num: Numerics, phase: Phase) -> list[Op]:
@@ -115,7 +121,7 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
     for layer in layers:
         ops += _forward_ops(layer, job, num, "forward")
     recomputed: set[str] = set()
-    for i in range(len(layers) - 1, first - 1, -1):
+    for i in range(len(layers) - 1, max(first, 0) - 1, -1):
         layer = layers[i]
         block = layer.block
         if job.checkpointing == "full" and block and block not in recomputed:
@@ -123,6 +129,8 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
             for other in layers[: i + 1]:
                 if other.block == block:
                     ops += _forward_ops(other, job, num, "recompute")
+        if job.checkpointing == "selective" and isinstance(layer, Attention):
+            ops += _forward_ops(layer, job, num, "recompute")
         if i > first:
             ops += [op.with_phase("backward") for op in layer.backward_input(n, num)]
         if layer.params and job.is_trainable(layer.name):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpusim import units
 from gpusim.errors import OutOfMemory
 from gpusim.plan.job import TrainingJob
+from gpusim.workload.attention import Attention
 
 # CUDA context, cuBLAS/cuDNN handles and workspaces: commonly 0.5-1 GiB on current GPUs.
 FRAMEWORK_RESERVED_BYTES = units.gib(0.75)
@@ -73,9 +74,14 @@ def activation_bytes(job: TrainingJob) -> float:
     n = job.microbatch_size
     first = next((i for i, lay in enumerate(layers)
                   if lay.params and job.is_trainable(lay.name)), len(layers))
-    kept = layers[first:]  # a frozen prefix runs without autograd
+    kept = layers[0 if job.input_requires_grad else first:]  # frozen prefix: no autograd
     if job.checkpointing == "none":
         return sum(lay.saved_bytes(n, num) for lay in kept)
+    if job.checkpointing == "selective":
+        # Attention cores keep only their inputs and outputs; scores and softmax statistics
+        # are re-created in backward.
+        return sum(lay.io_bytes(n, num) if isinstance(lay, Attention) else lay.saved_bytes(n, num)
+                   for lay in kept)
     # Full checkpointing keeps each block's input and re-creates one block at a time.
     per_block: dict[str, float] = {}
     total = 0.0
@@ -99,14 +105,16 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
     n = job.microbatch_size
     params = job.model.parameters
     trainable = sum(lay.params for lay in layers if job.is_trainable(lay.name))
-    copies = params * num.act_bytes if job.mixed_precision and job.device.is_gpu else 0.0
+    autocast = job.mixed_precision and job.device.is_gpu and not job.master_weights
+    copies = params * num.act_bytes if autocast else 0.0
+    master = 4.0 * trainable if job.master_weights and job.mixed_precision else 0.0
     # The largest layer output and its gradient alive together during backward.
     transient = max((2 * n * lay.out_elements * num.act_bytes for lay in layers), default=0)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
     return MemoryPlan(
-        weights=4.0 * params,
-        gradients=4.0 * trainable,
-        optimizer_states=OPTIMIZER_STATE_BYTES[job.optimizer] * trainable,
+        weights=float(job.weight_bytes * params),
+        gradients=float(job.grad_bytes * trainable),
+        optimizer_states=OPTIMIZER_STATE_BYTES[job.optimizer] * trainable + master,
         weight_copies=copies,
         activations=activation_bytes(job),
         transient=float(transient),

@@ -81,8 +81,12 @@ class Attention(Layer):
         ops += self._score_gemms(n, ("dq", "dk"), num)
         return self._tag(ops)
 
+    def io_bytes(self, n: int, num: Numerics) -> float:
+        """Q, K, V and the output: what selective recompute keeps."""
+        return self._qkvo_elements(n) * num.act_bytes
+
     def saved_bytes(self, n: int, num: Numerics) -> float:
-        saved = self._qkvo_elements(n) * num.act_bytes
+        saved = self.io_bytes(n, num)
         if not self.fused:
             scores = n * self.heads * self.seq**2
             saved += scores * num.act_bytes * (1 + (0.25 if self.dropout else 0))

@@ -10,17 +10,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import GemmShape, Op, gemm_op, memory_op
 
+# How Megatron-style tensor parallelism splits a layer over the ranks of a tensor group:
+# "replicated" layers run whole on every rank; "sequence" layers (norms, dropout, residual
+# adds over the hidden states) run whole, or on 1/t of the tokens under sequence parallelism;
+# "column" matrix products split their outputs and "row" ones their inputs (an all-reduce
+# follows a row-parallel layer); "sharded" layers sit between the two and split evenly
+# (attention by heads, the MLP activation); "vocab" layers split the vocabulary (embedding,
+# output projection, cross-entropy).
+TensorSplit = Literal["replicated", "sequence", "column", "row", "sharded", "vocab"]
+
 
 @dataclass(frozen=True)
 class Layer(ABC):
-    """A named layer. ``block`` groups layers for activation checkpointing (e.g. ``h.3``)."""
+    """A named layer. ``block`` groups layers for activation checkpointing (e.g. ``h.3``);
+    ``tp`` says how tensor parallelism splits it."""
 
     name: str
     block: str = field(default="", kw_only=True)
+    tp: TensorSplit = field(default="replicated", kw_only=True)
 
     @property
     def params(self) -> int:

@@ -6,6 +6,7 @@ the command line (``--model transformer --layers 96 --hidden 12288 ...``) or in 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -14,6 +15,7 @@ from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import (
     Layer,
     Linear,
+    TensorSplit,
     dropout,
     gelu,
     layer_norm,
@@ -72,60 +74,63 @@ class TransformerConfig(BaseModel):
         return self.ffn_hidden or 4 * self.hidden
 
 
+def _split(layer: Layer, tp: TensorSplit) -> Layer:
+    return replace(layer, tp=tp)
+
+
 def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Model:
-    """The layer list of ``cfg`` at sequence length ``seq_len`` (default: the config's)."""
+    """The layer list of ``cfg`` at sequence length ``seq_len`` (default: the config's),
+    each layer marked with how Megatron-style tensor parallelism splits it."""
     s = seq_len or cfg.seq_len
     h, kv, hd = cfg.hidden, cfg.kv_heads or cfg.heads, cfg.dim_head
     norm = rms_norm if cfg.norm == "rmsnorm" else layer_norm
-    layers: list[Layer] = [Embedding("embed.tokens", cfg.vocab, h, s, block="embed")]
+    layers: list[Layer] = [Embedding("embed.tokens", cfg.vocab, h, s, block="embed", tp="vocab")]
     if cfg.positions == "learned":
         table = cfg.max_positions or s
         layers.append(Embedding("embed.positions", table, h, s, block="embed"))
     if cfg.type_vocab:
         layers.append(Embedding("embed.types", cfg.type_vocab, h, s, block="embed"))
     if cfg.kind == "encoder":
-        layers.append(norm("embed.norm", h, s, block="embed"))
+        layers.append(_split(norm("embed.norm", h, s, block="embed"), "sequence"))
     if cfg.dropout:
-        layers.append(dropout("embed.dropout", s * h, block="embed"))
+        layers.append(_split(dropout("embed.dropout", s * h, block="embed"), "sequence"))
 
     for i in range(cfg.layers):
         b = f"h.{i}"
         pre = cfg.kind == "decoder"  # GPT and Llama normalize before each sublayer, BERT after
         attn: list[Layer] = [
-            Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s, cfg.bias, block=b),
+            Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s, cfg.bias, block=b,
+                   tp="column"),
             Attention(f"{b}.attn.core", cfg.heads, hd, s, kv, causal=cfg.kind == "decoder",
-                      fused=cfg.fused_attention, dropout=cfg.dropout, block=b),
-            Linear(f"{b}.attn.proj", cfg.heads * hd, h, s, cfg.bias, block=b),
+                      fused=cfg.fused_attention, dropout=cfg.dropout, block=b, tp="sharded"),
+            Linear(f"{b}.attn.proj", cfg.heads * hd, h, s, cfg.bias, block=b, tp="row"),
         ]
         if cfg.dropout:
-            attn.append(dropout(f"{b}.attn.dropout", s * h, block=b))
-        attn.append(residual_add(f"{b}.attn.add", s * h, block=b))
+            attn.append(_split(dropout(f"{b}.attn.dropout", s * h, block=b), "sequence"))
+        attn.append(_split(residual_add(f"{b}.attn.add", s * h, block=b), "sequence"))
         up = 2 * cfg.ffn if cfg.activation == "swiglu" else cfg.ffn
         act = swiglu if cfg.activation == "swiglu" else gelu
         mlp: list[Layer] = [
-            Linear(f"{b}.mlp.up", h, up, s, cfg.bias, block=b),
-            act(f"{b}.mlp.act", s * cfg.ffn, block=b),
-            Linear(f"{b}.mlp.down", cfg.ffn, h, s, cfg.bias, block=b),
+            Linear(f"{b}.mlp.up", h, up, s, cfg.bias, block=b, tp="column"),
+            _split(act(f"{b}.mlp.act", s * cfg.ffn, block=b), "sharded"),
+            Linear(f"{b}.mlp.down", cfg.ffn, h, s, cfg.bias, block=b, tp="row"),
         ]
         if cfg.dropout:
-            mlp.append(dropout(f"{b}.mlp.dropout", s * h, block=b))
-        mlp.append(residual_add(f"{b}.mlp.add", s * h, block=b))
-        if pre:
-            layers += [norm(f"{b}.norm1", h, s, block=b), *attn,
-                       norm(f"{b}.norm2", h, s, block=b), *mlp]
-        else:
-            layers += [*attn, norm(f"{b}.norm1", h, s, block=b), *mlp,
-                       norm(f"{b}.norm2", h, s, block=b)]
+            mlp.append(_split(dropout(f"{b}.mlp.dropout", s * h, block=b), "sequence"))
+        mlp.append(_split(residual_add(f"{b}.mlp.add", s * h, block=b), "sequence"))
+        norm1 = _split(norm(f"{b}.norm1", h, s, block=b), "sequence")
+        norm2 = _split(norm(f"{b}.norm2", h, s, block=b), "sequence")
+        layers += [norm1, *attn, norm2, *mlp] if pre else [*attn, norm1, *mlp, norm2]
 
     if cfg.kind == "decoder":
-        layers.append(norm("final_norm", h, s, block="head"))
+        layers.append(_split(norm("final_norm", h, s, block="head"), "sequence"))
     else:  # BERT's masked-LM head transform, over every position
         layers += [Linear("head.transform", h, h, s, True, block="head"),
                    gelu("head.act", s * h, block="head"),
                    norm("head.norm", h, s, block="head")]
     layers.append(Linear("head.vocab", h, cfg.vocab, s, bias=cfg.kind == "encoder",
-                         shared=cfg.tied_embeddings, block="head"))
-    layers.append(CrossEntropy("loss", cfg.vocab, s, block="head"))
+                         shared=cfg.tied_embeddings, block="head", tp="vocab"))
+    layers.append(CrossEntropy("loss", cfg.vocab, s, block="head", tp="vocab"))
     tokens = InputSpec(8 * s, 2e-6 * s / 1024, "pre-tokenized int64 ids read from memory")
     return Model(cfg.name, tuple(layers), tokens, "transformer", tokens_per_sample=s,
                  description=cfg.description, source=cfg.source)

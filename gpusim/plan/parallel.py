@@ -1,0 +1,436 @@
+"""Parallel training: a job split over tensor-, pipeline- and data-parallel ranks.
+
+Ranks are laid out as Megatron-LM lays them out (tensor innermost, then data, then pipeline).
+Ranks with the same pipeline stage behave alike whatever their tensor or data position, so
+the plan costs one representative rank per stage:
+
+- tensor parallelism (Megatron-LM): each layer is split as its ``tp`` mark says; a forward
+  all-reduce follows every row-parallel layer and the vocabulary-parallel embedding, a
+  backward all-reduce follows every column-parallel layer's input gradient. With sequence
+  parallelism each all-reduce becomes a reduce-scatter plus an all-gather and the layers
+  between them (norms, dropout, residual adds) run on 1/t of the tokens. These collectives
+  sit on the critical path of the layer that issues them.
+- pipeline parallelism: the transformer blocks are dealt out evenly to ``pipeline`` stages
+  (``virtual_stages`` chunks each when interleaved); the embedding goes to the first stage,
+  the head and loss to the last. The schedule is simulated in ``gpusim.sim.pipeline``.
+- data parallelism with ZeRO stage 0-3 (3 is FSDP full sharding): what is reduced, gathered
+  and sharded, and when, is described here and scheduled by the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from gpusim.comm.collectives import Collective, collective_seconds
+from gpusim.comm.topology import CommGroup, Topology
+from gpusim.cost.kernels import host_cost, kernel_cost
+from gpusim.errors import InvalidConfig
+from gpusim.hardware.calibration import Calibration, calibration_for
+from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPrecision
+from gpusim.plan.lower import microbatch_ops, optimizer_ops
+from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_bytes, memory_plan
+from gpusim.plan.schedules import peak_in_flight, schedule
+from gpusim.workload.attention import Attention, CrossEntropy, Embedding
+from gpusim.workload.layers import Elementwise, Layer, Linear
+from gpusim.workload.model import Model
+from gpusim.workload.ops import DTYPE_BYTES, Op
+
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+ZERO_STAGES = (0, 1, 2, 3)
+
+# PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
+# the backward pass produces them.
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How a job is split. ``microbatch_size`` is samples per GPU per forward pass.
+
+    ``overlap_grad_reduce``: data-parallel gradient reduction runs in buckets during the last
+    backward pass (PyTorch DDP); False reduces the whole gradient buffer after it (Megatron-LM's
+    2021 "local" DDP).
+    """
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+    microbatch_size: int = 1
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("tensor", "pipeline", "data", "microbatch_size", "virtual_stages"):
+            value = getattr(self, name)
+            if value < 1:
+                raise InvalidConfig(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
+        if self.schedule not in SCHEDULES:
+            raise InvalidConfig(f"unknown schedule {self.schedule!r}; use one of "
+                                f"{', '.join(SCHEDULES)}")
+        if self.zero not in ZERO_STAGES:
+            raise InvalidConfig(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero})")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise InvalidConfig("--virtual-stages applies to --schedule interleaved only")
+        if self.schedule == "interleaved" and self.pipeline == 1:
+            raise InvalidConfig("the interleaved schedule needs pipeline parallelism (--pp > 1)")
+        if self.sequence_parallel and self.tensor == 1:
+            raise InvalidConfig("sequence parallelism splits along tensor-parallel ranks; it "
+                                "needs --tp > 1")
+        if self.zero >= 2 and self.pipeline > 1:
+            raise InvalidConfig(
+                f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism "
+                f"accumulates across microbatches (DeepSpeed and Megatron-LM refuse the "
+                f"combination); use --zero 0 or 1 with --pp > 1"
+            )
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+    def describe(self) -> str:
+        text = (f"TP {self.tensor} x PP {self.pipeline} x DP {self.data}, microbatch "
+                f"{self.microbatch_size}, {self.schedule}")
+        if self.virtual_stages > 1:
+            text += f" ({self.virtual_stages} virtual stages)"
+        if self.zero:
+            text += f", ZeRO-{self.zero}"
+        if self.sequence_parallel:
+            text += ", sequence parallel"
+        return text
+
+
+@dataclass(frozen=True)
+class ParallelJob:
+    """One optimizer step of ``model`` over ``topology``; ``batch_size`` is the global batch."""
+
+    model: Model
+    topology: Topology
+    batch_size: int
+    parallel: ParallelConfig
+    precision: TrainingPrecision = "bf16"
+    optimizer: Optimizer = "adam"
+    checkpointing: Checkpointing = "none"
+
+    def __post_init__(self) -> None:
+        p = self.parallel
+        if p.num_gpus != self.topology.num_gpus:
+            raise InvalidConfig(
+                f"TP {p.tensor} x PP {p.pipeline} x DP {p.data} = {p.num_gpus} GPUs, but the "
+                f"job has {self.topology.num_gpus}; make the product equal --num-gpus"
+            )
+        per_step = p.microbatch_size * p.data
+        if self.batch_size % per_step:
+            raise InvalidConfig(
+                f"global batch {self.batch_size} is not a multiple of microbatch "
+                f"{p.microbatch_size} x DP {p.data} = {per_step}"
+            )
+        if p.schedule == "interleaved" and self.microbatches % p.pipeline:
+            raise InvalidConfig(
+                f"the interleaved schedule needs the microbatches per pipeline "
+                f"({self.microbatches}) to be a multiple of PP {p.pipeline}"
+            )
+        if p.tensor > 1 or p.pipeline > 1:
+            _check_splits(self.model, p)
+        self.stage_job(self.model)  # precision against the GPU, checkpointing, ...
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches each pipeline runs per step (gradient accumulation when PP is 1)."""
+        return self.batch_size // (self.parallel.microbatch_size * self.parallel.data)
+
+    @property
+    def master_weights(self) -> bool:
+        """Model-parallel frameworks (Megatron-LM) keep weights in the compute type with fp32
+        master copies; data parallelism alone is taken as PyTorch DDP with autocast."""
+        return self.parallel.tensor > 1 or self.parallel.pipeline > 1
+
+    def stage_job(self, model: Model, *, first: bool = True) -> TrainingJob:
+        """A single-device job for one microbatch of a stage's layers."""
+        return TrainingJob(model, self.topology.gpu, self.parallel.microbatch_size,
+                           self.precision, 1, self.optimizer, self.checkpointing,
+                           loader_workers=0, master_weights=self.master_weights,
+                           input_requires_grad=not first)
+
+
+def _check_splits(model: Model, p: ParallelConfig) -> None:
+    if model.family != "transformer" and p.tensor > 1:
+        raise InvalidConfig(f"tensor parallelism splits transformer layers; {model.name} is a "
+                            f"{model.family} model (use --tp 1)")
+    for layer in model.layers:
+        if isinstance(layer, Attention) and layer.tp == "sharded":
+            if layer.heads % p.tensor:
+                raise InvalidConfig(f"{model.name} has {layer.heads} attention heads, which "
+                                    f"do not split over TP {p.tensor}; pick a TP that divides "
+                                    f"them")
+            kv = layer.kv_heads or layer.heads
+            if kv % p.tensor and p.tensor % kv:
+                raise InvalidConfig(f"{model.name} has {kv} key/value heads, which neither "
+                                    f"split over nor replicate across TP {p.tensor}")
+            break
+    body = len(_partition(model)[1])
+    chunks = p.pipeline * p.virtual_stages
+    if body % chunks:
+        what = f"PP {p.pipeline}" + (f" x {p.virtual_stages} virtual stages"
+                                     if p.virtual_stages > 1 else "")
+        raise InvalidConfig(f"{model.name}'s {body} blocks do not split evenly over {what}; "
+                            f"pick a pipeline size that divides {body}")
+
+
+def _partition(model: Model) -> tuple[list[Layer], list[list[Layer]], list[Layer]]:
+    """Leading layers (embedding), the repeated body blocks, trailing layers (head, loss)."""
+    layers = list(model.layers)
+    start = 0
+    while start < len(layers) and layers[start].block in ("", "embed"):
+        start += 1
+    end = len(layers)
+    while end > start and layers[end - 1].block in ("", "head"):
+        end -= 1
+    blocks: dict[str, list[Layer]] = {}
+    for layer in layers[start:end]:
+        blocks.setdefault(layer.block, []).append(layer)
+    return layers[:start], list(blocks.values()), layers[end:]
+
+
+def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
+    """The part of ``layer`` one tensor-parallel rank holds and computes."""
+    t = tensor
+    if t == 1 or layer.tp == "replicated":
+        return layer
+    if layer.tp == "sequence":
+        if sequence_parallel and isinstance(layer, Elementwise):
+            return replace(layer, elements=math.ceil(layer.elements / t))
+        return layer
+    if isinstance(layer, Linear):
+        if layer.tp == "row":
+            return replace(layer, in_features=math.ceil(layer.in_features / t))
+        return replace(layer, out_features=math.ceil(layer.out_features / t))  # column, vocab
+    if isinstance(layer, Attention):
+        kv = layer.kv_heads or layer.heads
+        return replace(layer, heads=layer.heads // t, kv_heads=max(1, kv // t))
+    if isinstance(layer, Embedding):
+        return replace(layer, num_embeddings=math.ceil(layer.num_embeddings / t))
+    if isinstance(layer, CrossEntropy):
+        return replace(layer, classes=math.ceil(layer.classes / t))
+    if isinstance(layer, Elementwise):
+        return replace(layer, elements=math.ceil(layer.elements / t))
+    return layer
+
+
+@dataclass(frozen=True)
+class Work:
+    """One forward or backward pass of one model chunk for one microbatch, on one rank.
+
+    ``compute_s`` is kernel time (recompute included; ``recompute_s`` is its part),
+    ``tp_comm_s`` the tensor-parallel collectives on the critical path between those kernels,
+    ``host_s`` the time to dispatch them; the pass lasts ``duration_s``.
+    """
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    host_s: float
+    flops: float
+    kernels: int
+
+    @property
+    def duration_s(self) -> float:
+        # The host queues kernels ahead of the GPU; only when it is slower does it set the pace.
+        return max(self.compute_s + self.tp_comm_s, self.host_s)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """A model chunk held by one stage: its passes and what it sends and reduces."""
+
+    index: int  # virtual stage: chunk k of stage s is index k x PP + s
+    layers: tuple[Layer, ...]
+    forward: Work
+    backward: Work
+    activation_bytes: float  # what it sends to the next stage per microbatch
+    saved_bytes: float  # activations it keeps for backward per microbatch
+    params: int  # on this rank
+    model_flops: float  # forward and backward, recompute not counted
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A representative rank of one pipeline stage."""
+
+    stage: int
+    chunks: tuple[ChunkPlan, ...]
+    optimizer_s: float
+    params: int
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    job: ParallelJob
+    stages: tuple[StagePlan, ...]
+    groups: dict[str, CommGroup]
+    calibration: Calibration
+
+    @property
+    def microbatches(self) -> int:
+        return self.job.microbatches
+
+    def collective_s(self, collective: Collective, group: str, n_bytes: float) -> float:
+        return collective_seconds(collective, self.groups[group], n_bytes)
+
+    @property
+    def p2p_s(self) -> float:
+        """Seconds to send one microbatch's activations to the next stage."""
+        if self.job.parallel.pipeline == 1:
+            return 0.0
+        return collective_seconds("send_recv", self.groups["pipeline"],
+                                  self.stages[0].chunks[0].activation_bytes)
+
+
+def _tp_comm(layer: Layer, phase: str, n: int, act: int, job: ParallelJob
+             ) -> list[tuple[Collective, float]]:
+    """Tensor-parallel collectives a layer's pass issues: (collective, bytes of the full
+    buffer as nccl-tests counts it)."""
+    p = job.parallel
+    if p.tensor == 1:
+        return []
+    sp = p.sequence_parallel
+    if isinstance(layer, CrossEntropy) and layer.tp == "vocab" and phase != "backward":
+        # Vocabulary-parallel cross-entropy: max, sum of exponentials and target logit.
+        return [("all_reduce", n * layer.rows * DTYPE_BYTES["fp32"])] * 3
+    if isinstance(layer, Embedding) and layer.tp == "vocab":
+        size = n * layer.rows * layer.dim * act
+        return [] if phase == "backward" else [("reduce_scatter" if sp else "all_reduce", size)]
+    if not isinstance(layer, Linear):
+        return []
+    if layer.tp == "row":
+        size = n * layer.rows * layer.out_features * act
+        if phase == "backward":
+            return [("all_gather", size)] if sp else []
+        return [("reduce_scatter" if sp else "all_reduce", size)]
+    if layer.tp in ("column", "vocab"):
+        size = n * layer.rows * layer.in_features * act
+        if phase == "backward":
+            return [("reduce_scatter" if sp else "all_reduce", size)]
+        return [("all_gather", size)] if sp else []
+    return []
+
+
+def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
+          host_per_op: float, act: int) -> Work:
+    """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it."""
+    n = job.parallel.microbatch_size
+    device = job.topology.gpu
+    tp_group = job.topology.place(job.parallel.tensor, stride=1)
+    compute = recompute = comm = flops = 0.0
+    seen: set[tuple[str, str]] = set()
+    for op in ops:
+        cost = kernel_cost(op, device, cal).seconds
+        compute += cost
+        if op.phase == "recompute":
+            recompute += cost
+        else:
+            flops += op.flops
+        key = (op.phase, op.layer)
+        if key in seen or op.layer not in layers:
+            continue
+        seen.add(key)
+        for collective, size in _tp_comm(layers[op.layer], op.phase, n, act, job):
+            comm += collective_seconds(collective, tp_group, size)
+    return Work(compute, recompute, comm, host_per_op * len(ops), flops, len(ops))
+
+
+def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
+    """The layers of every virtual stage (PP x virtual stages of them), sharded for TP."""
+    p = job.parallel
+    lead, body, tail = _partition(job.model)
+    count = p.pipeline * p.virtual_stages
+    per = len(body) // count if count > 1 else len(body)
+    chunks: list[list[Layer]] = []
+    for c in range(count):
+        blocks = body[c * per:(c + 1) * per] if count > 1 else body
+        chunks.append([layer for block in blocks for layer in block])
+    chunks[0] = lead + chunks[0]
+    if p.pipeline > 1:
+        # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
+        tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
+    chunks[-1] = chunks[-1] + tail
+    return [tuple(shard_layer(la, p.tensor, p.sequence_parallel) for la in c) for c in chunks]
+
+
+def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Calibration,
+                host_per_op: float) -> ChunkPlan:
+    sub = Model(f"{job.model.name}[{index}]", layers, job.model.input, job.model.family,
+                job.model.tokens_per_sample)
+    stage_job = job.stage_job(sub, first=index == 0)
+    ops = microbatch_ops(stage_job)
+    by_name = {la.name: la for la in layers}
+    fwd = [op for op in ops if op.phase == "forward"]
+    bwd = [op for op in ops if op.phase != "forward"]
+    act = stage_job.numerics().act_bytes
+    forward = _work(fwd, by_name, job, cal, host_per_op, act)
+    backward = _work(bwd, by_name, job, cal, host_per_op, act)
+    out = float(layers[-1].out_elements * job.parallel.microbatch_size * act)
+    if job.parallel.sequence_parallel:
+        out /= job.parallel.tensor  # stages exchange the sequence-split hidden states
+    return ChunkPlan(index, layers, forward, backward, float(out), activation_bytes(stage_job),
+                     sum(la.params for la in layers), forward.flops + backward.flops)
+
+
+def plan_parallel(job: ParallelJob, calibration: Calibration | None = None) -> ParallelPlan:
+    """Cost every stage's chunks once (microbatches are identical), and place the groups."""
+    p = job.parallel
+    cal = calibration or calibration_for(job.topology.gpu)
+    host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
+    layer_chunks = _chunk_layers(job)
+    cache: dict[tuple[int, tuple[Layer, ...]], ChunkPlan] = {}
+    plans = []
+    for index, layers in enumerate(layer_chunks):
+        # Middle chunks hold identical blocks under different names: cost one of each shape.
+        key = (min(index, 1), tuple(replace(la, name="", block="") for la in layers))
+        if key not in cache:
+            cache[key] = _chunk_plan(index, layers, job, cal, host_per_op)
+        plans.append(replace(cache[key], index=index, layers=layers))
+    stages = []
+    for s in range(p.pipeline):
+        chunks = tuple(plans[k * p.pipeline + s] for k in range(p.virtual_stages))
+        params = sum(c.params for c in chunks)
+        stage_model = Model(f"{job.model.name}-stage{s}",
+                            tuple(la for c in chunks for la in c.layers), job.model.input,
+                            job.model.family)
+        opt_job = job.stage_job(stage_model)
+        shard = 1 / p.data if p.zero >= 1 else 1.0
+        optimizer_s = sum(kernel_cost(op, job.topology.gpu, cal).seconds
+                          for op in optimizer_ops(opt_job)) * shard
+        stages.append(StagePlan(s, chunks, optimizer_s, params))
+    groups = job.topology.parallel_groups(tensor=p.tensor, data=p.data, pipeline=p.pipeline)
+    return ParallelPlan(job, tuple(stages), groups, cal)
+
+
+def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
+    """Peak memory of a rank of ``stage``: its shard of weights, gradients and optimizer
+    states (divided over data-parallel ranks by the ZeRO stage), and the activations of the
+    microbatches its schedule keeps in flight at once."""
+    job, p = plan.job, plan.job.parallel
+    layers = tuple(la for c in stage.chunks for la in c.layers)
+    sub = Model(f"{job.model.name}-stage{stage.stage}", layers, job.model.input,
+                job.model.family, job.model.tokens_per_sample)
+    base = memory_plan(job.stage_job(sub, first=stage.stage == 0))
+    tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
+    shard = 1.0 / p.data
+    gathered = 0.0
+    if p.zero == 3:  # the gathered weights of the running chunk and of the prefetched one
+        gathered = 2.0 * max(c.params for c in stage.chunks) * job.stage_job(sub).weight_bytes
+    return replace(
+        base,
+        weights=base.weights * (shard if p.zero >= 3 else 1.0),
+        gradients=base.gradients * (shard if p.zero >= 2 else 1.0),
+        optimizer_states=base.optimizer_states * (shard if p.zero >= 1 else 1.0),
+        activations=peak_in_flight(tasks, [c.saved_bytes for c in stage.chunks]),
+        transient=base.transient + gathered,
+        framework_reserved=FRAMEWORK_RESERVED_BYTES,
+    )
