@@ -69,6 +69,13 @@ class MemoryPlan:
 
 def activation_bytes(job: TrainingJob) -> float:
     """Activations kept for backward by one microbatch, under the job's checkpointing."""
+    kept, working = activation_split(job)
+    return kept + working
+
+
+def activation_split(job: TrainingJob) -> tuple[float, float]:
+    """(bytes a microbatch keeps from its forward until its backward, bytes re-created
+    for one block at a time during backward under full checkpointing)."""
     layers = job.model.layers
     num = job.numerics()
     n = job.microbatch_size
@@ -76,12 +83,12 @@ def activation_bytes(job: TrainingJob) -> float:
                   if lay.params and job.is_trainable(lay.name)), len(layers))
     kept = layers[0 if job.input_requires_grad else first:]  # frozen prefix: no autograd
     if job.checkpointing == "none":
-        return sum(lay.saved_bytes(n, num) for lay in kept)
+        return sum(lay.saved_bytes(n, num) for lay in kept), 0.0
     if job.checkpointing == "selective":
         # Attention cores keep only their inputs and outputs; scores and softmax statistics
         # are re-created in backward.
         return sum(lay.io_bytes(n, num) if isinstance(lay, Attention) else lay.saved_bytes(n, num)
-                   for lay in kept)
+                   for lay in kept), 0.0
     # Full checkpointing keeps each block's input and re-creates one block at a time.
     per_block: dict[str, float] = {}
     total = 0.0
@@ -95,7 +102,7 @@ def activation_bytes(job: TrainingJob) -> float:
         else:
             total += lay.saved_bytes(n, num)
         previous_out = lay.out_elements
-    return total + max(per_block.values(), default=0.0)
+    return total, max(per_block.values(), default=0.0)
 
 
 def memory_plan(job: TrainingJob) -> MemoryPlan:

@@ -30,7 +30,7 @@ from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPrecision
 from gpusim.plan.lower import microbatch_ops, optimizer_ops
-from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_bytes, memory_plan
+from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.schedules import peak_in_flight, schedule
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Elementwise, Layer, Linear
@@ -116,6 +116,8 @@ class ParallelJob:
     precision: TrainingPrecision = "bf16"
     optimizer: Optimizer = "adam"
     checkpointing: Checkpointing = "none"
+    # None: Megatron-LM semantics under tensor or pipeline parallelism, PyTorch's otherwise.
+    megatron: bool | None = None
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -147,7 +149,10 @@ class ParallelJob:
     @property
     def master_weights(self) -> bool:
         """Model-parallel frameworks (Megatron-LM) keep weights in the compute type with fp32
-        master copies; data parallelism alone is taken as PyTorch DDP with autocast."""
+        master copies; data parallelism alone is taken as PyTorch DDP with autocast unless
+        ``megatron`` says otherwise."""
+        if self.megatron is not None:
+            return self.megatron
         return self.parallel.tensor > 1 or self.parallel.pipeline > 1
 
     def stage_job(self, model: Model, *, first: bool = True) -> TrainingJob:
@@ -254,6 +259,7 @@ class ChunkPlan:
     backward: Work
     activation_bytes: float  # what it sends to the next stage per microbatch
     saved_bytes: float  # activations it keeps for backward per microbatch
+    working_bytes: float  # what full recompute re-creates, one block at a time
     params: int  # on this rank
     model_flops: float  # forward and backward, recompute not counted
 
@@ -377,7 +383,8 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Ca
     out = float(layers[-1].out_elements * job.parallel.microbatch_size * act)
     if job.parallel.sequence_parallel:
         out /= job.parallel.tensor  # stages exchange the sequence-split hidden states
-    return ChunkPlan(index, layers, forward, backward, float(out), activation_bytes(stage_job),
+    kept, working = activation_split(stage_job)
+    return ChunkPlan(index, layers, forward, backward, out, kept, working,
                      sum(la.params for la in layers), forward.flops + backward.flops)
 
 
@@ -430,7 +437,8 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
         weights=base.weights * (shard if p.zero >= 3 else 1.0),
         gradients=base.gradients * (shard if p.zero >= 2 else 1.0),
         optimizer_states=base.optimizer_states * (shard if p.zero >= 1 else 1.0),
-        activations=peak_in_flight(tasks, [c.saved_bytes for c in stage.chunks]),
+        activations=peak_in_flight(tasks, [c.saved_bytes for c in stage.chunks])
+        + max(c.working_bytes for c in stage.chunks),
         transient=base.transient + gathered,
         framework_reserved=FRAMEWORK_RESERVED_BYTES,
     )
