@@ -214,7 +214,9 @@ def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
     if isinstance(layer, Linear):
         if layer.tp == "row":
             return replace(layer, in_features=math.ceil(layer.in_features / t))
-        return replace(layer, out_features=math.ceil(layer.out_features / t))  # column, vocab
+        shards = t if sequence_parallel else 1
+        return replace(layer, out_features=math.ceil(layer.out_features / t),  # column, vocab
+                       input_shards=shards)
     if isinstance(layer, Attention):
         kv = layer.kv_heads or layer.heads
         return replace(layer, heads=layer.heads // t, kv_heads=max(1, kv // t))
@@ -261,6 +263,7 @@ class ChunkPlan:
     saved_bytes: float  # activations it keeps for backward per microbatch
     working_bytes: float  # what full recompute re-creates, one block at a time
     params: int  # on this rank
+    largest_block_params: int  # what ZeRO-3 gathers at once
     model_flops: float  # forward and backward, recompute not counted
 
 
@@ -384,8 +387,12 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Ca
     if job.parallel.sequence_parallel:
         out /= job.parallel.tensor  # stages exchange the sequence-split hidden states
     kept, working = activation_split(stage_job)
+    blocks: dict[str, int] = {}
+    for la in layers:
+        blocks[la.block or la.name] = blocks.get(la.block or la.name, 0) + la.params
     return ChunkPlan(index, layers, forward, backward, out, kept, working,
-                     sum(la.params for la in layers), forward.flops + backward.flops)
+                     sum(la.params for la in layers), max(blocks.values()),
+                     forward.flops + backward.flops)
 
 
 def plan_parallel(job: ParallelJob, calibration: Calibration | None = None) -> ParallelPlan:
@@ -430,8 +437,9 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
     tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
     shard = 1.0 / p.data
     gathered = 0.0
-    if p.zero == 3:  # the gathered weights of the running chunk and of the prefetched one
-        gathered = 2.0 * max(c.params for c in stage.chunks) * job.stage_job(sub).weight_bytes
+    if p.zero == 3:  # the gathered weights of the running block and of the prefetched one
+        largest = max(c.largest_block_params for c in stage.chunks)
+        gathered = 2.0 * largest * job.stage_job(sub).weight_bytes
     return replace(
         base,
         weights=base.weights * (shard if p.zero >= 3 else 1.0),

@@ -13,8 +13,9 @@ Data parallelism, by ZeRO stage:
   ZeRO-1 reduce-scatters instead of all-reducing and all-gathers the updated weights after
   its 1/DP share of the optimizer step.
 - 2: every backward pass reduce-scatters its gradients in buckets as it runs.
-- 3 (FSDP): before every pass the chunk's weights are all-gathered, prefetched on the
-  communication stream while the previous pass computes; gradients as in 2.
+- 3 (FSDP): every pass all-gathers its chunk's weights block by block, each block's
+  gather prefetched while the previous block computes: the pass lasts at least as long as
+  its gathers, and the step's first block waits for its own; gradients as in 2.
 
 The step ends when every stage has finished its optimizer step. Every duration comes from the
 plan; the engine only schedules.
@@ -124,8 +125,9 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
                                    start + duration * (i + 1) / count))
                 for i in range(count)]
 
-    def gather_weights(stage: int, chunk: ChunkPlan, label: str) -> simpy.Process:
-        return env.process(reduce(stage, "all_gather", chunk.params * weight_bytes, label))
+    def gather_weights(stage: int, params: float) -> simpy.Process:
+        return env.process(reduce(stage, "all_gather", params * weight_bytes,
+                                  "all_gather weights"))
 
     def run_stage(st: StagePlan) -> Any:
         s = st.stage
@@ -134,11 +136,12 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
         last_backward = {c: max(t.micro for t in tasks if t.kind == "B" and t.chunk == c)
                          for c in range(v)}
         pending: list[simpy.Process] = []
-        prefetch: simpy.Process | None = None
-        if par.zero == 3:
-            prefetch = gather_weights(s, st.chunks[tasks[0].chunk], "all_gather weights")
-        prev_end = 0.0
-        for i, t in enumerate(tasks):
+        if par.zero == 3:  # the first block's weights before anything can run
+            first = env.now
+            yield gather_weights(s, st.chunks[tasks[0].chunk].largest_block_params)
+            info.acct["data_parallel_comm"] += env.now - first
+        prev_end = env.now
+        for t in tasks:
             chunk = st.chunks[t.chunk]
             vs = chunk.index
             key = (t.kind, t.micro, vs)
@@ -151,8 +154,6 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
                     yield event(done, dep)
                 else:
                     yield event(arrived, dep)
-            if prefetch is not None:
-                yield prefetch
             start = env.now
             # Split the wait before this pass: the producer still computing is pipeline
             # bubble, its output in flight is pipeline communication, the rest is waiting for
@@ -166,11 +167,19 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
             info.acct["pipeline_bubble"] += bubble
             info.acct["pipeline_comm"] += p2p + (0.0 if par.zero == 3 else rest)
             info.acct["data_parallel_comm"] += rest if par.zero == 3 else 0.0
-            if par.zero == 3 and i + 1 < len(tasks):
-                prefetch = gather_weights(s, st.chunks[tasks[i + 1].chunk],
-                                          "all_gather weights")
+            gathering = gather_weights(s, chunk.params) if par.zero == 3 else None
             work = chunk.forward if t.kind == "F" else chunk.backward
+            if t.kind == "B" and par.data > 1:  # gradient buckets fill as the pass runs
+                if par.zero >= 2:
+                    pending += bucketed(s, chunk, "reduce_scatter", start, work.duration_s)
+                elif par.overlap_grad_reduce and t.micro == last_backward[t.chunk]:
+                    collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
+                    pending += bucketed(s, chunk, collective, start, work.duration_s)
             yield env.timeout(work.duration_s)
+            if gathering is not None and not gathering.processed:
+                waited = env.now
+                yield gathering
+                info.acct["data_parallel_comm"] += env.now - waited
             info.busy += work.duration_s
             tp = work.tp_comm_s
             if t.kind == "F":
@@ -188,12 +197,6 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
                 env.process(send(s, "F", key, (vs + 1) % pp))
             elif t.kind == "B" and vs > 0:
                 env.process(send(s, "B", key, (vs - 1) % pp))
-            if t.kind == "B" and par.data > 1:
-                if par.zero >= 2:
-                    pending += bucketed(s, chunk, "reduce_scatter", start, work.duration_s)
-                elif par.overlap_grad_reduce and t.micro == last_backward[t.chunk]:
-                    collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
-                    pending += bucketed(s, chunk, collective, start, work.duration_s)
         backward_end = env.now
         if par.data > 1 and par.zero <= 1 and not par.overlap_grad_reduce:
             collective = "reduce_scatter" if par.zero == 1 else "all_reduce"

@@ -13,7 +13,9 @@ The figures are measured runs as NVIDIA published them; gpusim never fits to the
 Both report TFLOP/s with the paper's formula 96 B s l h^2 (1 + s / 6h + V / 16 l h), which
 counts the recomputed forward pass: the runs used full activation checkpointing, taken here
 for the 2020 rows too (their TFLOP/s figures follow that formula). Megatron-LM of that time
-ran unfused attention (scores in memory), dropout 0.1, fp16 with fp32 master weights.
+ran unfused attention (scores in memory), dropout 0.1, fp16 with fp32 master weights, and
+its own "local" DDP unless told otherwise (``--DDP-impl`` defaulted to local in megatron/
+arguments.py then), which all-reduces the gradient buffer after the backward pass.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Literal
 
 from gpusim.comm.topology import Topology
 from gpusim.estimate import simulate_parallel_step
-from gpusim.plan.parallel import ParallelConfig, ParallelJob
+from gpusim.plan.parallel import ParallelConfig, ParallelJob, Schedule
 from gpusim.report import StepResult
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
@@ -69,14 +71,14 @@ def _mp2020(size: str, system: str, gpus: int, layers: int, hidden: int, heads: 
             batch: int, ms: float) -> MegatronCase:
     node = "dgx2_v100" if system == "dgx-2" else "dgxa100"
     return MegatronCase(f"megatron_2020_mp_{size}_{node}", system, gpus, layers, hidden, heads,
-                        1024, gpus, 1, 1, batch, batch, 1, True, "iteration_ms", ms)
+                        1024, gpus, 1, 1, batch, batch, 1, False, "iteration_ms", ms)
 
 
 def _dp2020(size: str, gpus: int, layers: int, hidden: int, heads: int, tp: int,
             ms: float) -> MegatronCase:
     return MegatronCase(f"megatron_2020_dp_{size}_{gpus}gpu_dgxa100", "dgx-a100", gpus, layers,
                         hidden, heads, 1024, tp, 1, gpus // tp, 2048 // (gpus // tp), 2048, 1,
-                        True, "iteration_ms", ms)
+                        False, "iteration_ms", ms)
 
 
 CASES: tuple[MegatronCase, ...] = (
@@ -110,7 +112,7 @@ def job_for(case: MegatronCase) -> ParallelJob:
     cfg = TransformerConfig(name=case.id, layers=case.layers, hidden=case.hidden,
                             heads=case.heads, vocab=case.vocab, seq_len=case.seq_len,
                             max_positions=case.seq_len, dropout=True, fused_attention=False)
-    schedule = "interleaved" if case.virtual_stages > 1 else "1f1b"
+    schedule: Schedule = "interleaved" if case.virtual_stages > 1 else "1f1b"
     parallel = ParallelConfig(tensor=case.tp, pipeline=case.pp, data=case.dp,
                               microbatch_size=case.microbatch, schedule=schedule,
                               virtual_stages=case.virtual_stages,

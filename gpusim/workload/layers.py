@@ -76,6 +76,9 @@ class Linear(Layer):
     rows: int = 1
     bias: bool = True
     shared: bool = False  # weights tied to another layer's (a GPT-2 head): computed, not counted
+    # The input is kept split over this many ranks and gathered again for the weight
+    # gradient (Megatron-LM sequence parallelism keeps 1/t of a column-parallel input).
+    input_shards: int = 1
 
     @property
     def params(self) -> int:
@@ -106,7 +109,7 @@ class Linear(Layer):
         return self._tag([gemm_op(f"{self.name}.wgrad", shape, num.matmul, num.act_bytes)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
-        return n * self.rows * self.in_features * num.act_bytes
+        return n * self.rows * self.in_features * num.act_bytes / self.input_shards
 
 
 @dataclass(frozen=True)
