@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpusim import cli_validation, units
+from gpusim import cli_explore, cli_search, cli_validation, units
 from gpusim.comm.topology import system_for_gpu
 from gpusim.errors import GpusimError, InvalidConfig
 from gpusim.estimate import estimate, resolve_model
@@ -122,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="batch for the activation-memory figure (default 1)")
     ms.add_argument("--json", action="store_true")
     cli_validation.add_parsers(sub)
+    cli_explore.add_parsers(sub)
+    cli_search.add_parsers(sub)
     return p
 
 
@@ -293,7 +295,7 @@ def _models(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers = {"estimate": _estimate, "profiles": _profiles, "models": _models,
-                **cli_validation.HANDLERS}
+                **cli_validation.HANDLERS, **cli_explore.HANDLERS, **cli_search.HANDLERS}
     try:
         return handlers[args.command](args)
     except GpusimError as exc:

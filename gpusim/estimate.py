@@ -84,7 +84,7 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
     )
 
 
-def _check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
+def check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
     stage = max(range(len(mems)), key=lambda i: mems[i].required_bytes)
     mem = mems[stage]
     if mem.fits:
@@ -115,7 +115,7 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
     """Simulate one step of a multi-GPU job (raises OutOfMemory if a stage does not fit)."""
     plan = plan_parallel(job, calibration)
     mems = [stage_memory(plan, stage) for stage in plan.stages]
-    _check_fits_parallel(job, mems)
+    check_fits_parallel(job, mems)
     sim = simulate_pipeline(plan, trace=trace)
     gpu = job.topology.gpu
     peak, _ = gpu.peak_flops(job.stage_job(job.model).numerics().matmul, matrix=True)  # type: ignore[arg-type]

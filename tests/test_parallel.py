@@ -14,7 +14,7 @@ import yaml
 from gpusim.cli import main
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.errors import InvalidConfig, OutOfMemory
-from gpusim.estimate import estimate
+from gpusim.estimate import estimate, simulate_parallel_step
 from gpusim.hardware.catalog import load_gpu
 from gpusim.plan.parallel import ParallelConfig, ParallelJob, plan_parallel, stage_memory
 from gpusim.plan.schedules import peak_in_flight, schedule
@@ -261,3 +261,30 @@ def test_zoo_transformers_mark_every_layer_for_tensor_parallelism() -> None:
     splits = Counter(layer.tp for layer in model.layers)
     assert splits["column"] == 2 * 32 and splits["row"] == 2 * 32
     assert splits["vocab"] == 3  # embedding, output projection, loss
+
+
+# --- search -------------------------------------------------------------------------------
+
+
+def test_search_ranks_fitting_configurations_and_simulates_the_best() -> None:
+    from gpusim.explore.search import search
+
+    topo = Topology.build("dgx-h100", 16)
+    result = search(zoo.get("gpt2-medium"), topo, 64, top=3)
+    times = [r.step_time_s for r in result.ranked]
+    assert times == sorted(times)
+    assert result.considered == len(result.ranked) + len(result.rejected)
+    best = result.ranked[0]
+    assert best.simulated
+    again = simulate_parallel_step(ParallelJob(zoo.get("gpt2-medium"), topo, 64, best.config,
+                                               "bf16", "adam", best.checkpointing), trace=False)
+    assert again.step_time_s == pytest.approx(best.step_time_s)
+    assert all(r.config.num_gpus == 16 for r in result.ranked)
+
+
+def test_search_command_prints_a_ranked_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "--model", "gpt2", "--system", "dgx-h100", "--num-gpus", "8",
+                 "--batch-size", "32", "--top", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["ranked"]) == 3 and out["num_gpus"] == 8
+    assert out["ranked"][0]["step_time_s"] <= out["ranked"][1]["step_time_s"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from gpusim.comm.collectives import Collective, collective_seconds
 from gpusim.comm.topology import CommGroup, Topology
@@ -178,7 +178,7 @@ def _check_splits(model: Model, p: ParallelConfig) -> None:
                 raise InvalidConfig(f"{model.name} has {kv} key/value heads, which neither "
                                     f"split over nor replicate across TP {p.tensor}")
             break
-    body = len(_partition(model)[1])
+    body = len(partition_blocks(model)[1])
     chunks = p.pipeline * p.virtual_stages
     if body % chunks:
         what = f"PP {p.pipeline}" + (f" x {p.virtual_stages} virtual stages"
@@ -187,7 +187,7 @@ def _check_splits(model: Model, p: ParallelConfig) -> None:
                             f"pick a pipeline size that divides {body}")
 
 
-def _partition(model: Model) -> tuple[list[Layer], list[list[Layer]], list[Layer]]:
+def partition_blocks(model: Model) -> tuple[list[Layer], list[list[Layer]], list[Layer]]:
     """Leading layers (embedding), the repeated body blocks, trailing layers (head, loss)."""
     layers = list(model.layers)
     start = 0
@@ -356,7 +356,7 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
 def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
     """The layers of every virtual stage (PP x virtual stages of them), sharded for TP."""
     p = job.parallel
-    lead, body, tail = _partition(job.model)
+    lead, body, tail = partition_blocks(job.model)
     count = p.pipeline * p.virtual_stages
     per = len(body) // count if count > 1 else len(body)
     chunks: list[list[Layer]] = []
@@ -395,17 +395,24 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Ca
                      forward.flops + backward.flops)
 
 
-def plan_parallel(job: ParallelJob, calibration: Calibration | None = None) -> ParallelPlan:
-    """Cost every stage's chunks once (microbatches are identical), and place the groups."""
+def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
+                  cache: dict[Any, ChunkPlan] | None = None) -> ParallelPlan:
+    """Cost every stage's chunks once (microbatches are identical), and place the groups.
+
+    ``cache`` shares costed chunks between jobs that differ only in DP, ZeRO or schedule
+    (a search passes one dict to every job of one model and cluster).
+    """
     p = job.parallel
     cal = calibration or calibration_for(job.topology.gpu)
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
     layer_chunks = _chunk_layers(job)
-    cache: dict[tuple[int, tuple[Layer, ...]], ChunkPlan] = {}
+    cache = {} if cache is None else cache
+    shape = (p.tensor, p.microbatch_size, p.sequence_parallel, job.precision,
+             job.checkpointing, job.master_weights, cal.name)
     plans = []
     for index, layers in enumerate(layer_chunks):
         # Middle chunks hold identical blocks under different names: cost one of each shape.
-        key = (min(index, 1), tuple(replace(la, name="", block="") for la in layers))
+        key = (shape, min(index, 1), tuple(replace(la, name="", block="") for la in layers))
         if key not in cache:
             cache[key] = _chunk_plan(index, layers, job, cal, host_per_op)
         plans.append(replace(cache[key], index=index, layers=layers))

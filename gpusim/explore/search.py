@@ -1,0 +1,193 @@
+"""Search over parallel configurations: every valid TP/PP/DP/microbatch/ZeRO/recompute/
+schedule combination for a model on N GPUs, ranked by predicted step time.
+
+Thousands of combinations are ranked with the closed-form pipeline time (the 1F1B formula
+over the slowest stage, plus the exposed data-parallel reduction and the optimizer), from the
+same per-pass costs the simulator uses; the best ``top`` are then simulated in full. Passes
+are costed once per distinct (TP, PP, microbatch, recompute, sequence-parallel) shape and
+shared by the ZeRO and schedule variants. Configurations that do not fit are set aside with
+the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gpusim.comm.topology import Topology
+from gpusim.errors import GpusimError
+from gpusim.estimate import check_fits_parallel, simulate_parallel_step
+from gpusim.plan.job import Checkpointing, Optimizer, TrainingPrecision
+from gpusim.plan.parallel import (
+    ParallelConfig,
+    ParallelJob,
+    ParallelPlan,
+    partition_blocks,
+    plan_parallel,
+    stage_memory,
+)
+from gpusim.workload.attention import Attention
+from gpusim.workload.model import Model
+
+MICROBATCHES = (1, 2, 4, 8, 16)
+RECOMPUTE: tuple[Checkpointing, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One configuration that fits, with its predicted step."""
+
+    config: ParallelConfig
+    checkpointing: Checkpointing
+    step_time_s: float
+    simulated: bool  # True: from the SimPy simulation; False: the closed form
+    peak_memory_bytes: float
+    mfu: float
+
+    def to_json(self, *, batch: int, tokens: int | None, usd_per_gpu_hour: float | None,
+                num_gpus: int) -> dict[str, Any]:
+        c = self.config
+        cost = (usd_per_gpu_hour * num_gpus * self.step_time_s / 3600
+                if usd_per_gpu_hour is not None else None)
+        return {"tp": c.tensor, "pp": c.pipeline, "dp": c.data,
+                "microbatch_size": c.microbatch_size, "schedule": c.schedule,
+                "virtual_stages": c.virtual_stages, "zero": c.zero,
+                "sequence_parallel": c.sequence_parallel, "recompute": self.checkpointing,
+                "step_time_s": self.step_time_s, "simulated": self.simulated,
+                "samples_per_s": batch / self.step_time_s,
+                "tokens_per_s": batch * tokens / self.step_time_s if tokens else None,
+                "cost_per_step_usd": cost, "peak_memory_per_gpu_bytes": self.peak_memory_bytes,
+                "mfu": self.mfu}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    ranked: tuple[Ranked, ...]  # best first
+    rejected: tuple[tuple[str, str], ...]  # (configuration, why)
+    considered: int
+    elapsed_s: float
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
+        tuple[ParallelConfig, Checkpointing]]:
+    """Every combination worth trying: TP within a node and dividing the heads, PP dividing
+    the blocks, DP the rest; ZeRO 2 and 3 only without pipeline parallelism."""
+    heads = next((la.heads for la in model.layers if isinstance(la, Attention)), 1)
+    blocks = len(partition_blocks(model)[1])
+    transformer = model.family == "transformer"
+    tps = [t for t in _divisors(topology.gpus_per_node)
+           if heads % t == 0 and (transformer or t == 1)]
+    for tp in tps:
+        for pp in _divisors(topology.num_gpus // tp):
+            if pp > 1 and (not transformer or blocks % pp):
+                continue
+            dp = topology.num_gpus // (tp * pp)
+            for mb in MICROBATCHES:
+                if batch % (mb * dp):
+                    continue
+                micro = batch // (mb * dp)
+                schedules = [("1f1b", 1)]
+                if pp > 1 and micro % pp == 0 and blocks % (2 * pp) == 0:
+                    schedules.append(("interleaved", 2))
+                zeros = (0, 1) if pp > 1 else (0, 1, 2, 3)
+                sps = (False, True) if tp > 1 else (False,)
+                for (sched, v), zero, sp, rec in itertools.product(schedules, zeros, sps,
+                                                                   RECOMPUTE):
+                    if dp == 1 and zero:
+                        continue
+                    yield (ParallelConfig(tensor=tp, pipeline=pp, data=dp, microbatch_size=mb,
+                                          schedule=sched, virtual_stages=v, zero=zero,  # type: ignore[arg-type]
+                                          sequence_parallel=sp), rec)
+
+
+def closed_form_step(plan: ParallelPlan) -> float:
+    """Step time without the event simulation: M microbatches through p stages take
+    (M + (p - 1) / v) passes of the slowest stage, plus transfers, the exposed gradient
+    reduction and the optimizer. Exact for uniform stages and free transfers (the simulator's
+    1F1B test checks the same formula)."""
+    job = plan.job
+    p = job.parallel
+    m, stages, v = job.microbatches, p.pipeline, p.virtual_stages
+    grad = job.stage_job(job.model).grad_bytes
+    weight = job.stage_job(job.model).weight_bytes
+    optimizer = max(st.optimizer_s for st in plan.stages)
+    if p.zero >= 2 and p.data > 1:
+        # No pipeline (ZeRO 2 and 3 refuse it). Every backward reduce-scatters its gradients
+        # and, under ZeRO-3, every pass gathers the weights, on one communication stream.
+        st = plan.stages[0]
+        fwd = sum(c.forward.duration_s for c in st.chunks)
+        bwd = sum(c.backward.duration_s for c in st.chunks)
+        rs = plan.collective_s("reduce_scatter", "data", st.params * grad)
+        ag = plan.collective_s("all_gather", "data", st.params * weight) if p.zero == 3 else 0.0
+        step = m * (max(fwd, ag) + max(bwd, ag + rs)) + optimizer
+        if p.zero == 3:
+            block = max(c.largest_block_params for c in st.chunks)
+            return step + plan.collective_s("all_gather", "data", block * weight)
+        return step + plan.collective_s("all_gather", "data", st.params * weight)
+    per_stage = [sum(c.forward.duration_s + c.backward.duration_s for c in st.chunks)
+                 for st in plan.stages]
+    slowest = max(per_stage)
+    pipeline = m * slowest + (stages - 1) * slowest / v + 2 * (stages - 1) * plan.p2p_s
+    worst = max(plan.stages, key=lambda st: st.params)
+    exposed = 0.0
+    if p.data > 1:
+        last_backward = max(c.backward.duration_s for c in worst.chunks)
+        reduce = plan.collective_s("reduce_scatter" if p.zero else "all_reduce", "data",
+                                   worst.params * grad)
+        exposed = max(0.0, reduce - last_backward) if p.overlap_grad_reduce else reduce
+        if p.zero:
+            exposed += plan.collective_s("all_gather", "data", worst.params * weight)
+    return pipeline + exposed + optimizer
+
+
+def search(model: Model, topology: Topology, batch: int, *,
+           precision: TrainingPrecision = "bf16", optimizer: Optimizer = "adam", top: int = 10,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Rank every valid configuration of ``model`` on ``topology`` for global ``batch``."""
+    start = time.perf_counter()
+    options = list(candidates(model, topology, batch))
+    chunk_cache: dict[Any, Any] = {}
+    fits: list[tuple[float, ParallelJob, float]] = []
+    rejected: list[tuple[str, str]] = []
+    for i, (config, rec) in enumerate(options):
+        if progress:
+            progress(i, len(options))
+        label = f"{config.describe()}, recompute {rec}"
+        try:
+            job = ParallelJob(model, topology, batch, config, precision, optimizer, rec)
+            plan = plan_parallel(job, cache=chunk_cache)
+            edges = {0, len(plan.stages) - 1}  # the first stage keeps most activations
+            mems = [stage_memory(plan, plan.stages[s]) for s in sorted(edges)]
+            check_fits_parallel(job, mems)
+        except GpusimError as exc:
+            rejected.append((label, str(exc).split(";")[0]))
+            continue
+        fits.append((closed_form_step(plan), job, max(m.peak_bytes for m in mems)))
+    if progress:
+        progress(len(options), len(options))
+    fits.sort(key=lambda f: f[0])
+    ranked = []
+    flops = batch * model.training_flops_per_sample
+    for k, (seconds, job, peak) in enumerate(fits):
+        simulated = k < top
+        if simulated:
+            step = simulate_parallel_step(job, trace=False)
+            seconds, peak = step.step_time_s, step.peak_memory_bytes
+            mfu = step.mfu
+        else:
+            gpu_peak, _ = topology.gpu.peak_flops(job.stage_job(model).numerics().matmul,  # type: ignore[arg-type]
+                                                  matrix=True)
+            mfu = flops / seconds / (gpu_peak * topology.num_gpus)
+        ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu))
+    ranked.sort(key=lambda r: r.step_time_s)
+    return SearchResult(tuple(ranked), tuple(rejected), len(options),
+                        time.perf_counter() - start)
+
+
