@@ -118,7 +118,7 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
     check_fits_parallel(job, mems)
     sim = simulate_pipeline(plan, trace=trace)
     gpu = job.topology.gpu
-    peak, _ = gpu.peak_flops(job.stage_job(job.model).numerics().matmul, matrix=True)  # type: ignore[arg-type]
+    peak, _ = gpu.peak_flops(job.whole.numerics().matmul, matrix=True)  # type: ignore[arg-type]
     worst = max(mems, key=lambda m: m.peak_bytes)
     kernels = sum(c.forward.kernels + c.backward.kernels for c in plan.stages[0].chunks)
     return StepResult(
@@ -140,13 +140,13 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
 
 def _parallel_assumptions(job: ParallelJob, assumed_system: bool) -> list[str]:
     p, topo = job.parallel, job.topology
-    num = job.stage_job(job.model).numerics()
+    num = job.whole.numerics()
     out = [f"{topo.num_gpus} GPUs on {topo.num_nodes} node(s) of {topo.system.full_name}"
            + (" (an assumed design: no system profile names this GPU; give --system)"
               if assumed_system else ""),
            f"{p.describe()}; {job.microbatches} microbatches per pipeline per step"]
     if job.master_weights:
-        grads = "fp16" if job.stage_job(job.model).grad_bytes == 2 else "fp32"
+        grads = "fp16" if job.whole.grad_bytes == 2 else "fp32"
         out.append(f"Megatron-LM style: weights in {num.activation} with fp32 master copies; "
                    f"gradients reduced in {grads}")
     else:

@@ -115,8 +115,8 @@ def closed_form_step(plan: ParallelPlan) -> float:
     job = plan.job
     p = job.parallel
     m, stages, v = job.microbatches, p.pipeline, p.virtual_stages
-    grad = job.stage_job(job.model).grad_bytes
-    weight = job.stage_job(job.model).weight_bytes
+    grad = job.whole.grad_bytes
+    weight = job.whole.weight_bytes
     optimizer = max(st.optimizer_s for st in plan.stages)
     if p.zero >= 2 and p.data > 1:
         # No pipeline (ZeRO 2 and 3 refuse it). Every backward reduce-scatters its gradients
@@ -182,7 +182,7 @@ def search(model: Model, topology: Topology, batch: int, *,
             seconds, peak = step.step_time_s, step.peak_memory_bytes
             mfu = step.mfu
         else:
-            gpu_peak, _ = topology.gpu.peak_flops(job.stage_job(model).numerics().matmul,  # type: ignore[arg-type]
+            gpu_peak, _ = topology.gpu.peak_flops(job.whole.numerics().matmul,  # type: ignore[arg-type]
                                                   matrix=True)
             mfu = flops / seconds / (gpu_peak * topology.num_gpus)
         ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu))

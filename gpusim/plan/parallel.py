@@ -4,12 +4,8 @@ Ranks are laid out as Megatron-LM lays them out (tensor innermost, then data, th
 Ranks with the same pipeline stage behave alike whatever their tensor or data position, so
 the plan costs one representative rank per stage:
 
-- tensor parallelism (Megatron-LM): each layer is split as its ``tp`` mark says; a forward
-  all-reduce follows every row-parallel layer and the vocabulary-parallel embedding, a
-  backward all-reduce follows every column-parallel layer's input gradient. With sequence
-  parallelism each all-reduce becomes a reduce-scatter plus an all-gather and the layers
-  between them (norms, dropout, residual adds) run on 1/t of the tokens. These collectives
-  sit on the critical path of the layer that issues them.
+- tensor parallelism (Megatron-LM, ``gpusim.plan.tensor_parallel``): each layer is split as
+  its ``tp`` mark says; its collectives sit on the critical path of the layer issuing them.
 - pipeline parallelism: the transformer blocks are dealt out evenly to ``pipeline`` stages
   (``virtual_stages`` chunks each when interleaved); the embedding goes to the first stage,
   the head and loss to the last. The schedule is simulated in ``gpusim.sim.pipeline``.
@@ -19,8 +15,8 @@ the plan costs one representative rank per stage:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from gpusim.comm.collectives import Collective, collective_seconds
@@ -32,10 +28,11 @@ from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPreci
 from gpusim.plan.lower import microbatch_ops, optimizer_ops
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.schedules import peak_in_flight, schedule
-from gpusim.workload.attention import Attention, CrossEntropy, Embedding
-from gpusim.workload.layers import Elementwise, Layer, Linear
+from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
+from gpusim.workload.attention import Attention
+from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
-from gpusim.workload.ops import DTYPE_BYTES, Op
+from gpusim.workload.ops import Op
 
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
@@ -139,7 +136,7 @@ class ParallelJob:
             )
         if p.tensor > 1 or p.pipeline > 1:
             _check_splits(self.model, p)
-        self.stage_job(self.model)  # precision against the GPU, checkpointing, ...
+        _ = self.whole  # checks precision against the GPU, checkpointing, ...
 
     @property
     def microbatches(self) -> int:
@@ -154,6 +151,11 @@ class ParallelJob:
         if self.megatron is not None:
             return self.megatron
         return self.parallel.tensor > 1 or self.parallel.pipeline > 1
+
+    @cached_property
+    def whole(self) -> TrainingJob:
+        """The whole model as one device's job: its numerics and per-element byte sizes."""
+        return self.stage_job(self.model)
 
     def stage_job(self, model: Model, *, first: bool = True) -> TrainingJob:
         """A single-device job for one microbatch of a stage's layers."""
@@ -200,33 +202,6 @@ def partition_blocks(model: Model) -> tuple[list[Layer], list[list[Layer]], list
     for layer in layers[start:end]:
         blocks.setdefault(layer.block, []).append(layer)
     return layers[:start], list(blocks.values()), layers[end:]
-
-
-def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
-    """The part of ``layer`` one tensor-parallel rank holds and computes."""
-    t = tensor
-    if t == 1 or layer.tp == "replicated":
-        return layer
-    if layer.tp == "sequence":
-        if sequence_parallel and isinstance(layer, Elementwise):
-            return replace(layer, elements=math.ceil(layer.elements / t))
-        return layer
-    if isinstance(layer, Linear):
-        if layer.tp == "row":
-            return replace(layer, in_features=math.ceil(layer.in_features / t))
-        shards = t if sequence_parallel else 1
-        return replace(layer, out_features=math.ceil(layer.out_features / t),  # column, vocab
-                       input_shards=shards)
-    if isinstance(layer, Attention):
-        kv = layer.kv_heads or layer.heads
-        return replace(layer, heads=layer.heads // t, kv_heads=max(1, kv // t))
-    if isinstance(layer, Embedding):
-        return replace(layer, num_embeddings=math.ceil(layer.num_embeddings / t))
-    if isinstance(layer, CrossEntropy):
-        return replace(layer, classes=math.ceil(layer.classes / t))
-    if isinstance(layer, Elementwise):
-        return replace(layer, elements=math.ceil(layer.elements / t))
-    return layer
 
 
 @dataclass(frozen=True)
@@ -300,35 +275,6 @@ class ParallelPlan:
                                   self.stages[0].chunks[0].activation_bytes)
 
 
-def _tp_comm(layer: Layer, phase: str, n: int, act: int, job: ParallelJob
-             ) -> list[tuple[Collective, float]]:
-    """Tensor-parallel collectives a layer's pass issues: (collective, bytes of the full
-    buffer as nccl-tests counts it)."""
-    p = job.parallel
-    if p.tensor == 1:
-        return []
-    sp = p.sequence_parallel
-    if isinstance(layer, CrossEntropy) and layer.tp == "vocab" and phase != "backward":
-        # Vocabulary-parallel cross-entropy: max, sum of exponentials and target logit.
-        return [("all_reduce", n * layer.rows * DTYPE_BYTES["fp32"])] * 3
-    if isinstance(layer, Embedding) and layer.tp == "vocab":
-        size = n * layer.rows * layer.dim * act
-        return [] if phase == "backward" else [("reduce_scatter" if sp else "all_reduce", size)]
-    if not isinstance(layer, Linear):
-        return []
-    if layer.tp == "row":
-        size = n * layer.rows * layer.out_features * act
-        if phase == "backward":
-            return [("all_gather", size)] if sp else []
-        return [("reduce_scatter" if sp else "all_reduce", size)]
-    if layer.tp in ("column", "vocab"):
-        size = n * layer.rows * layer.in_features * act
-        if phase == "backward":
-            return [("reduce_scatter" if sp else "all_reduce", size)]
-        return [("all_gather", size)] if sp else []
-    return []
-
-
 def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
           host_per_op: float, act: int) -> Work:
     """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it."""
@@ -348,7 +294,9 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
         if key in seen or op.layer not in layers:
             continue
         seen.add(key)
-        for collective, size in _tp_comm(layers[op.layer], op.phase, n, act, job):
+        for collective, size in tp_collectives(layers[op.layer], op.phase, n, act,
+                                               job.parallel.tensor,
+                                               job.parallel.sequence_parallel):
             comm += collective_seconds(collective, tp_group, size)
     return Work(compute, recompute, comm, host_per_op * len(ops), flops, len(ops))
 

@@ -74,8 +74,8 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
     dp_streams = [simpy.Resource(env, 1) for _ in range(pp)]
     stats = [_Stage() for _ in range(pp)]
     p2p_s = plan.p2p_s
-    grad_bytes = job.stage_job(job.model).grad_bytes
-    weight_bytes = job.stage_job(job.model).weight_bytes
+    grad_bytes = job.whole.grad_bytes
+    weight_bytes = job.whole.weight_bytes
 
     def event(table: dict[tuple[str, int, int], simpy.Event],
               key: tuple[str, int, int]) -> simpy.Event:

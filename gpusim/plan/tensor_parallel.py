@@ -1,0 +1,72 @@
+"""Megatron-LM tensor parallelism: the part of a layer one rank holds, and the collectives
+its passes issue.
+
+A forward all-reduce follows every row-parallel layer and the vocabulary-parallel embedding;
+a backward all-reduce follows every column-parallel layer's input gradient. With sequence
+parallelism each all-reduce becomes a reduce-scatter plus an all-gather, and the layers
+between them (norms, dropout, residual adds) run on 1/t of the tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from gpusim.comm.collectives import Collective
+from gpusim.workload.attention import Attention, CrossEntropy, Embedding
+from gpusim.workload.layers import Elementwise, Layer, Linear
+from gpusim.workload.ops import DTYPE_BYTES
+
+
+def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
+    """The part of ``layer`` one tensor-parallel rank holds and computes."""
+    t = tensor
+    if t == 1 or layer.tp == "replicated":
+        return layer
+    if layer.tp == "sequence":
+        if sequence_parallel and isinstance(layer, Elementwise):
+            return replace(layer, elements=math.ceil(layer.elements / t))
+        return layer
+    if isinstance(layer, Linear):
+        if layer.tp == "row":
+            return replace(layer, in_features=math.ceil(layer.in_features / t))
+        shards = t if sequence_parallel else 1
+        return replace(layer, out_features=math.ceil(layer.out_features / t),  # column, vocab
+                       input_shards=shards)
+    if isinstance(layer, Attention):
+        kv = layer.kv_heads or layer.heads
+        return replace(layer, heads=layer.heads // t, kv_heads=max(1, kv // t))
+    if isinstance(layer, Embedding):
+        return replace(layer, num_embeddings=math.ceil(layer.num_embeddings / t))
+    if isinstance(layer, CrossEntropy):
+        return replace(layer, classes=math.ceil(layer.classes / t))
+    if isinstance(layer, Elementwise):
+        return replace(layer, elements=math.ceil(layer.elements / t))
+    return layer
+
+
+def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: bool
+                   ) -> list[tuple[Collective, float]]:
+    """Tensor-parallel collectives a layer's pass issues for ``n`` samples with ``act``-byte
+    activations: (collective, bytes of the full buffer as nccl-tests counts it)."""
+    if tensor == 1:
+        return []
+    if isinstance(layer, CrossEntropy) and layer.tp == "vocab" and phase != "backward":
+        # Vocabulary-parallel cross-entropy: max, sum of exponentials and target logit.
+        return [("all_reduce", n * layer.rows * DTYPE_BYTES["fp32"])] * 3
+    if isinstance(layer, Embedding) and layer.tp == "vocab":
+        size = n * layer.rows * layer.dim * act
+        return [] if phase == "backward" else [("reduce_scatter" if sp else "all_reduce", size)]
+    if not isinstance(layer, Linear):
+        return []
+    if layer.tp == "row":
+        size = n * layer.rows * layer.out_features * act
+        if phase == "backward":
+            return [("all_gather", size)] if sp else []
+        return [("reduce_scatter" if sp else "all_reduce", size)]
+    if layer.tp in ("column", "vocab"):
+        size = n * layer.rows * layer.in_features * act
+        if phase == "backward":
+            return [("reduce_scatter" if sp else "all_reduce", size)]
+        return [("all_gather", size)] if sp else []
+    return []
