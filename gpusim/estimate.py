@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpusim import units
 from gpusim.comm.topology import Topology, system_for_gpu
+from gpusim.cost.energy import average_power_w
 from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device, load_system
@@ -24,6 +25,11 @@ from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.workload import formats, zoo
 from gpusim.workload.model import Model
+
+
+_ENERGY = ("energy: each device draws idle power, plus (TDP - idle) while a kernel works "
+           "its bottleneck unit at the attainable rate (ramps, launch gaps, waits and exposed "
+           "communication at idle power); board power only, no host or cooling")
 
 
 def resolve_model(model: str | Model, seq_len: int | None = None) -> Model:
@@ -80,6 +86,7 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
         memory_breakdown_bytes=mem.breakdown(),
         kernels_per_step=sim.kernels_per_step,
         busy_fraction=sim.busy_s / sim.step_time_s if sim.step_time_s else 0.0,
+        active_fraction=plan.active_s_per_step / sim.step_time_s if sim.step_time_s else 0.0,
         trace=sim.trace,
     )
 
@@ -132,6 +139,7 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
         memory_breakdown_bytes=worst.breakdown(),
         kernels_per_step=kernels * job.microbatches,
         busy_fraction=sim.busy_fraction,
+        active_fraction=plan.active_s_per_step / sim.step_time_s if sim.step_time_s else 0.0,
         trace=sim.trace,
         num_gpus=job.topology.num_gpus,
         parallel=job.parallel.describe(),
@@ -162,7 +170,7 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool) -> list[str]:
                "concurrent transfers of different groups; no compute slowdown from "
                "communication kernels")
     out.append("synthetic input on the device (no loader)")
-    out.append("energy: idle power plus the busy fraction of (TDP - idle power), per GPU")
+    out.append(_ENERGY)
     return out
 
 
@@ -204,7 +212,7 @@ def _assumptions(job: TrainingJob) -> list[str]:
                    "last")
     out.append("PyTorch eager execution, one kernel per op, no CUDA graphs; a host "
                "synchronize at the end of each step")
-    out.append("energy: idle power plus the busy fraction of (TDP - idle power)")
+    out.append(_ENERGY)
     return out
 
 
@@ -298,8 +306,7 @@ def estimate(
         step = simulate_step(job)
         assumptions = _assumptions(job)
     cal = calibration_for(device)
-    idle = cal.idle_power_fraction * device.tdp_w
-    power = idle + (device.tdp_w - idle) * step.busy_fraction
+    power = average_power_w(device, cal, step.active_fraction)
     quote = device.cloud_price_usd_per_hour()
     return TrainingEstimate(
         model=net.name,

@@ -29,6 +29,9 @@ class StepResult(BaseModel):
     memory_breakdown_bytes: dict[str, float]
     kernels_per_step: int
     busy_fraction: float
+    active_fraction: float = Field(
+        description="share of the step the device works its bottleneck unit at the "
+                    "attainable rate; sets the power drawn above idle")
     trace: Trace = Field(exclude=True, repr=False)
     num_gpus: int = 1
     parallel: str | None = Field(None, description="the split, for multi-GPU jobs")
@@ -108,6 +111,7 @@ class TrainingEstimate(BaseModel):
             "price_source": self.price_source,
             "cost_usd": self.cost_usd,
             "average_power_w": self.average_power_w,
+            "active_fraction": s.active_fraction,
             "energy_kwh": self.energy_kwh,
             "peak_memory_bytes": s.peak_memory_bytes,
             "peak_memory_per_gpu_bytes": s.peak_memory_bytes,

@@ -29,7 +29,7 @@ _DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 # Fields that describe rather than measure need no source.
 _UNSOURCED = frozenset(
     {"kind", "name", "full_name", "aliases", "sources", "notes", "vendor", "architecture",
-     "cloud_prices", "family", "generation", "gpu", "cpu", "intra_node_link",
+     "cloud_prices", "street_prices", "family", "generation", "gpu", "cpu", "intra_node_link",
      "inter_node_link", "host_link", "intra_node_topology"}
 )
 
@@ -51,6 +51,21 @@ class PriceQuote(Frozen):
     @model_validator(mode="after")
     def _date_format(self) -> PriceQuote:
         if not _DATE.match(self.date):
+            raise ValueError(f"date {self.date!r} must be YYYY-MM or YYYY-MM-DD")
+        return self
+
+
+class PurchaseQuote(Frozen):
+    """What one device cost to buy (new, one unit), as a seller or report listed it on a date."""
+
+    usd: Positive
+    seller: str
+    date: str | None = Field(description="YYYY-MM or YYYY-MM-DD; None when not stated")
+    source: str
+
+    @model_validator(mode="after")
+    def _date_format(self) -> PurchaseQuote:
+        if self.date is not None and not _DATE.match(self.date):
             raise ValueError(f"date {self.date!r} must be YYYY-MM or YYYY-MM-DD")
         return self
 
@@ -110,6 +125,8 @@ class DeviceProfile(Profile):
     launch_price_usd: Positive | None = None
     launch_date: str | None = None
     cloud_prices: list[PriceQuote] = []
+    street_prices: list[PurchaseQuote] = Field(
+        default=[], description="what one unit sold for after launch, dated")
 
     @model_validator(mode="after")
     def _check_device(self) -> DeviceProfile:
@@ -161,6 +178,16 @@ class DeviceProfile(Profile):
         if not self.cloud_prices:
             return None
         return min(self.cloud_prices, key=lambda q: q.usd_per_hour)
+
+    def purchase_price(self) -> PurchaseQuote | None:
+        """What one unit costs to buy: the newest street price, else the launch price."""
+        if self.street_prices:
+            return max(self.street_prices, key=lambda q: q.date or "")
+        if self.launch_price_usd is None:
+            return None
+        return PurchaseQuote(usd=self.launch_price_usd, seller="launch price",
+                             date=self.launch_date,
+                             source=self.sources.get("launch_price_usd", ""))
 
 
 # Which vector rate a precision runs at when no matrix unit takes it (tf32 is a matrix-unit

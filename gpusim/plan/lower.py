@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 
 from gpusim import units
+from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
@@ -53,6 +54,7 @@ class Kernel:
     flops: float
     bytes: float
     bound: str
+    active_s: float  # time at the roofline limit, which draws power (see cost/energy.py)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class StepPlan:
     loader_workers: int
     model_flops_per_step: float
     calibration: Calibration
+
+    @property
+    def active_s_per_step(self) -> float:
+        """Device seconds per step at the roofline limit (what draws power above idle)."""
+        return (self.accum * sum(k.active_s for k in self.microbatch)
+                + sum(k.active_s for k in self.optimizer))
 
 
 def _first_trainable(job: TrainingJob) -> int:
@@ -176,7 +184,7 @@ def _host_link(job: TrainingJob) -> LinkProfile | None:
 def _to_kernel(op: Op, job: TrainingJob, cal: Calibration, host_s: float) -> Kernel:
     cost = kernel_cost(op, job.device, cal)
     return Kernel(op.name, op.layer, op.phase, cost.seconds, host_s, op.flops, op.bytes,
-                  cost.bound)
+                  cost.bound, active_seconds(cost))
 
 
 def _python_overheads(kernels: list[Kernel], cal: Calibration) -> tuple[Kernel, ...]:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from gpusim.comm.collectives import Collective, collective_seconds
 from gpusim.comm.topology import CommGroup, Topology
+from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost
 from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration, calibration_for
@@ -219,6 +220,7 @@ class Work:
     host_s: float
     flops: float
     kernels: int
+    active_s: float  # kernel time at the roofline limit (see cost/energy.py)
 
     @property
     def duration_s(self) -> float:
@@ -267,6 +269,15 @@ class ParallelPlan:
         return collective_seconds(collective, self.groups[group], n_bytes)
 
     @property
+    def active_s_per_step(self) -> float:
+        """Mean over stages of device seconds per step at the roofline limit (what draws
+        power above idle); the optimizer is counted whole."""
+        per_stage = [self.microbatches * sum(c.forward.active_s + c.backward.active_s
+                                             for c in st.chunks) + st.optimizer_s
+                     for st in self.stages]
+        return sum(per_stage) / len(per_stage)
+
+    @property
     def p2p_s(self) -> float:
         """Seconds to send one microbatch's activations to the next stage."""
         if self.job.parallel.pipeline == 1:
@@ -281,11 +292,13 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
     n = job.parallel.microbatch_size
     device = job.topology.gpu
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
-    compute = recompute = comm = flops = 0.0
+    compute = recompute = comm = flops = active = 0.0
     seen: set[tuple[str, str]] = set()
     for op in ops:
-        cost = kernel_cost(op, device, cal).seconds
+        kc = kernel_cost(op, device, cal)
+        cost = kc.seconds
         compute += cost
+        active += active_seconds(kc)
         if op.phase == "recompute":
             recompute += cost
         else:
@@ -298,7 +311,7 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
                                                job.parallel.tensor,
                                                job.parallel.sequence_parallel):
             comm += collective_seconds(collective, tp_group, size)
-    return Work(compute, recompute, comm, host_per_op * len(ops), flops, len(ops))
+    return Work(compute, recompute, comm, host_per_op * len(ops), flops, len(ops), active)
 
 
 def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:

@@ -1,0 +1,200 @@
+"""`gpusim compare`: rank devices on one job by time, cost to rent and own, and energy;
+with --budget-usd, the best set of GPUs a budget buys."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpusim import units
+from gpusim.errors import InvalidConfig
+from gpusim.explore.compare import SORT_KEYS, Comparison, budget, compare
+from gpusim.hardware.catalog import catalog
+from gpusim.hardware.profile import GPUProfile
+from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.pricing import ELECTRICITY_USD_PER_KWH, LIFETIME_YEARS, PUE, Pricing
+
+
+def add_parsers(sub: Any) -> None:
+    c = sub.add_parser(
+        "compare", help="rank GPUs (and CPUs) on one job: time, cost to rent and own, energy",
+        description="Train the same job (model, global batch, run length) on each device and "
+                    "rank them. One device fits the job with gradient accumulation and "
+                    "recomputation; many GPUs take the fastest split `gpusim search` finds. "
+                    "With --budget-usd: as many of each GPU as the budget buys, ranked by "
+                    "time to train, and why the best one wins.",
+        epilog="example: gpusim compare --model llama3-8b --gpus h100-sxm,a100-80gb,"
+               "rtx-4090,l40s,mi300x --num-gpus 8 --precision bf16 --tokens 1e10")
+    c.add_argument("--model", required=True, help="zoo name or model YAML file")
+    c.add_argument("--gpus", required=True,
+                   help="comma-separated GPU or CPU profiles, or 'all-gpus'")
+    c.add_argument("--num-gpus", type=int, default=1, help="devices of each kind (default 1)")
+    c.add_argument("--batch-size", type=int,
+                   help="global batch per step, the same for every device (default: 16 "
+                        "sequences or 128 samples per device)")
+    c.add_argument("--precision", default="auto", choices=("auto", *TRAINING_PRECISIONS),
+                   help="auto (default): bf16 where the device's matrix units take it, else "
+                        "fp16, else fp32")
+    length = c.add_argument_group("run length (one of; default one step)")
+    length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
+    length.add_argument("--dataset-size", type=int, help="samples per epoch")
+    length.add_argument("--tokens", type=float, help="training tokens (language models)")
+    length.add_argument("--steps", type=int, help="optimizer steps")
+    c.add_argument("--seq-len", type=int, help="sequence length (language models)")
+    c.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    c.add_argument("--checkpointing", "--recompute", choices=CHECKPOINTING,
+                   help="fix the recompute mode (default: the fastest that fits, one device)")
+    c.add_argument("--loader-workers", type=int,
+                   help="data-loader workers per device (default 8; 0: synthetic data)")
+    c.add_argument("--sort", default="time", choices=SORT_KEYS,
+                   help="rank by time to train, cloud cost, cost to own or energy")
+    own = c.add_argument_group("cost to own")
+    own.add_argument("--electricity-usd-per-kwh", type=float, default=ELECTRICITY_USD_PER_KWH)
+    own.add_argument("--pue", type=float, default=PUE, help="facility power over IT power")
+    own.add_argument("--lifetime-years", type=float, default=LIFETIME_YEARS,
+                     help="years the purchase is spread over")
+    own.add_argument("--utilization", type=float, default=1.0,
+                     help="share of the lifetime the hardware is busy (default 1)")
+    own.add_argument("--host-usd-per-gpu", type=float, default=0.0,
+                     help="servers, network and racks per device (default 0: devices only)")
+    buy = c.add_argument_group("buying advice")
+    buy.add_argument("--budget-usd", type=float,
+                     help="buy as many of each GPU as this budget allows (powers of two)")
+    buy.add_argument("--max-gpus", type=int, default=64,
+                     help="the most devices of one kind to consider (default 64)")
+    out = c.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--plot", metavar="FILE",
+                     help="write ranked bars and the time-versus-cost Pareto front")
+
+
+def _devices(spec: str) -> list[str]:
+    if spec == "all-gpus":
+        return [g.name for g in catalog().all(GPUProfile)]
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise InvalidConfig("--gpus needs at least one profile name")
+    return names
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("precision", "epochs", "dataset_size", "tokens", "steps", "seq_len", "optimizer",
+            "checkpointing", "loader_workers")
+    return {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.live = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int, name: str) -> None:
+        if not self.live:
+            return
+        filled = round(30 * done / total) if total else 30
+        sys.stderr.write(f"\rcompare [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} "
+                         f"{name:<16}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"${value:,.0f}" if value >= 100 else f"${value:,.2f}"
+
+
+def table(rows: list[Comparison]) -> list[str]:
+    head = (f"{'#':>2} {'device':<16} {'n':>3} {'time to train':>14} {'samples/s':>11} "
+            f"{'cloud cost':>11} {'cost to own':>11} {'energy':>11} {'samples/$':>10} "
+            f"{'samples/s/kW':>12}  fits as")
+    lines = [head]
+    for i, row in enumerate(rows, 1):
+        j = row.to_json()
+        if not row.fits:
+            lines.append(f"{i:>2} {row.device.name:<16} {row.num_devices:>3} "
+                         f"{'does not run':>14}  {row.reason}")
+            continue
+        per_usd = j.get("samples_per_usd")
+        lines.append(
+            f"{i:>2} {row.device.name:<16} {row.num_devices:>3} "
+            f"{units.human_seconds(j['time_to_train_s']):>14} {j['samples_per_s']:>11,.1f} "
+            f"{_money(j['cost_usd']):>11} {_money(j['ownership_cost_usd']):>11} "
+            f"{j['energy_kwh']:>7,.1f} kWh {f'{per_usd:,.0f}' if per_usd else 'n/a':>10} "
+            f"{j['samples_per_s_per_kw']:>12,.1f}  {row.setup}")
+    return lines
+
+
+def calibration_notes(rows: list[Comparison]) -> list[str]:
+    """Which kernel efficiencies are fitted to measurements and which are stated defaults."""
+    by_cal: dict[str, list[str]] = {}
+    for row in rows:
+        if row.result is not None:
+            by_cal.setdefault(row.result.calibration, []).append(row.device.name)
+    lines = [f"kernel efficiencies {cal}: {', '.join(names)}" for cal, names in by_cal.items()]
+    if any("(default)" in cal for cal in by_cal):
+        lines.append("default efficiencies are stated per architecture, not fitted to "
+                     "measurements of that device (gpusim calibrate fits them)")
+    return lines
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    try:
+        pricing = Pricing(electricity_usd_per_kwh=args.electricity_usd_per_kwh, pue=args.pue,
+                          lifetime_years=args.lifetime_years, utilization=args.utilization,
+                          host_usd_per_gpu=args.host_usd_per_gpu)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise InvalidConfig(f"{flag}: {err['msg'].lower()}") from exc
+    devices = _devices(args.gpus)
+    options = _options(args)
+    why: list[str] = []
+    if args.budget_usd is not None:
+        if args.max_gpus < 1:
+            raise InvalidConfig(f"--max-gpus must be at least 1 (got {args.max_gpus})")
+        rows, why = budget(args.model, devices, args.budget_usd, max_devices=args.max_gpus,
+                           batch_size=args.batch_size, pricing=pricing, progress=_Progress(),
+                           **options)
+    else:
+        rows = compare(args.model, devices, num_devices=args.num_gpus,
+                       batch_size=args.batch_size, sort=args.sort, pricing=pricing,
+                       progress=_Progress(), **options)
+    first = next((r.result for r in rows if r.result is not None), None)
+    if args.json:
+        print(json.dumps({"model": first.model if first else args.model,
+                          "batch_size": first.batch_size if first else args.batch_size,
+                          "budget_usd": args.budget_usd, "sort": args.sort,
+                          "pricing": pricing.model_dump(), "why": why,
+                          "assumptions": pricing.assumptions(),
+                          "rows": [r.to_json() for r in rows]}, indent=2))
+    else:
+        if first is not None:
+            precision = "each device's mixed precision" if args.precision == "auto" \
+                else args.precision
+            run = f"{first.steps:,} steps of batch {first.batch_size}, {precision}"
+            print(f"{first.model}: {run}"
+                  + (f"; budget ${args.budget_usd:,.0f}" if args.budget_usd else "") + "\n")
+        print("\n".join(table(rows)))
+        if why:
+            print("\nwhy:")
+            print("\n".join(f"  {line}" for line in why))
+        print("\nassumptions:")
+        for line in [*pricing.assumptions(), *calibration_notes(rows),
+                     "cloud cost: the cheapest listed on-demand price per device-hour",
+                     "energy: device boards only, from the simulated utilization"]:
+            print(f"  - {line}")
+    if args.plot:
+        from gpusim.plotting.compare import compare_figure
+
+        compare_figure(rows).savefig(args.plot, dpi=120)
+        if not args.json:
+            print(f"\nplot written to {args.plot}")
+    return 0
+
+
+HANDLERS = {"compare": run_compare}
