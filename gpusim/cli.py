@@ -12,11 +12,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpusim import cli_explore, cli_search, cli_validation, units
+from gpusim import cli_compare, cli_explore, cli_scaling, cli_search, cli_validation, units
 from gpusim.comm.topology import system_for_gpu
 from gpusim.errors import GpusimError, InvalidConfig
 from gpusim.estimate import estimate, resolve_model
-from gpusim.hardware.catalog import catalog, load_gpu, load_profile_file, load_system
+from gpusim.hardware.catalog import (
+    catalog,
+    load_device,
+    load_gpu,
+    load_profile_file,
+    load_system,
+)
 from gpusim.hardware.profile import (
     CPUProfile,
     DeviceProfile,
@@ -24,8 +30,10 @@ from gpusim.hardware.profile import (
     LinkProfile,
     SystemProfile,
 )
-from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS, TrainingJob
+from gpusim.plan.lower import lower
 from gpusim.plan.parallel import SCHEDULES, ZERO_STAGES
+from gpusim.report import TrainingEstimate
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import FP32
@@ -99,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
     out.add_argument("--plot", metavar="FILE", help="write a PNG of the timeline and breakdown")
+    out.add_argument("--memory-plot", metavar="FILE",
+                     help="write a PNG of the memory breakdown against the usable memory")
+    out.add_argument("--roofline", metavar="FILE",
+                     help="write a PNG of the device's roofline with the step's kernels on it "
+                          "(single-device jobs)")
 
     prof = sub.add_parser("profiles", help="list, show or check hardware profiles")
     psub = prof.add_subparsers(dest="action", required=True)
@@ -124,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     cli_validation.add_parsers(sub)
     cli_explore.add_parsers(sub)
     cli_search.add_parsers(sub)
+    cli_compare.add_parsers(sub)
+    cli_scaling.add_parsers(sub)
     return p
 
 
@@ -171,20 +186,47 @@ def _estimate(args: argparse.Namespace) -> int:
         sequence_parallel=args.sequence_parallel,
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
     )
+    if args.roofline and result.step.parallel is not None:
+        raise InvalidConfig("--roofline draws the kernels of a single-device job; leave out "
+                            "--num-gpus, --system and the parallel flags (--plot draws every "
+                            "pipeline stage)")
     if args.trace:
         result.step.trace.write_chrome(args.trace)
-    if args.plot:
-        from gpusim.plotting.timeline import step_figure
-
-        step_figure(result).savefig(args.plot, dpi=120)
+    _figures(args, result, model, frozen)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print(result.summary())
-        for label, path in (("trace", args.trace), ("plot", args.plot)):
+        for label, path in (("trace", args.trace), ("plot", args.plot),
+                            ("memory plot", args.memory_plot), ("roofline", args.roofline)):
             if path:
                 print(f"\n{label} written to {path}")
     return 0
+
+
+def _figures(args: argparse.Namespace, result: TrainingEstimate, model: str | Model,
+             frozen: tuple[str, ...]) -> None:
+    """Write the PNGs that --plot, --memory-plot and --roofline ask for."""
+    if args.plot:
+        from gpusim.plotting.timeline import step_figure
+
+        step_figure(result).savefig(args.plot, dpi=120)
+    if args.memory_plot:
+        from gpusim.plotting.memory import memory_figure
+
+        devices = [load_device(args.gpu)] if args.gpu else None  # --gpu may be a YAML file
+        memory_figure(result, devices).savefig(args.memory_plot, dpi=120)
+    if args.roofline:
+        from gpusim.plotting.roofline import roofline_figure
+
+        # The job estimate() simulated, rebuilt to lower it to its kernels.
+        job = TrainingJob(resolve_model(model, args.seq_len), load_device(args.gpu),
+                          args.batch_size, args.precision, args.grad_accum, args.optimizer,
+                          args.checkpointing, frozen, args.loader_workers)
+        title = (f"{result.model} on {result.device_name}, batch {result.batch_size}, "
+                 f"{result.precision}")
+        roofline_figure(lower(job), job.device, numerics=job.numerics(),
+                        title=title).savefig(args.roofline, dpi=120)
 
 
 def _profile_row(p: Any) -> dict[str, Any]:
@@ -295,7 +337,8 @@ def _models(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers = {"estimate": _estimate, "profiles": _profiles, "models": _models,
-                **cli_validation.HANDLERS, **cli_explore.HANDLERS, **cli_search.HANDLERS}
+                **cli_validation.HANDLERS, **cli_explore.HANDLERS, **cli_search.HANDLERS,
+                **cli_compare.HANDLERS, **cli_scaling.HANDLERS}
     try:
         return handlers[args.command](args)
     except GpusimError as exc:

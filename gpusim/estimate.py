@@ -26,7 +26,6 @@ from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.workload import formats, zoo
 from gpusim.workload.model import Model
 
-
 _ENERGY = ("energy: each device draws idle power, plus (TDP - idle) while a kernel works "
            "its bottleneck unit at the attainable rate (ramps, launch gaps, waits and exposed "
            "communication at idle power); board power only, no host or cooling")

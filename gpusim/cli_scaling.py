@@ -1,0 +1,106 @@
+"""`gpusim scaling`: throughput and scaling efficiency of one job over several GPU counts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gpusim.errors import InvalidConfig
+from gpusim.explore.scaling import ScalingRow, scaling
+from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.parallel import SCHEDULES, ZERO_STAGES
+
+
+def add_parsers(sub: Any) -> None:
+    s = sub.add_parser(
+        "scaling", help="throughput and scaling efficiency over GPU counts",
+        description="Estimate one training step at each GPU count: weak scaling with "
+                    "--batch-size-per-gpu (the global batch grows with the GPUs), strong "
+                    "scaling with --batch-size (fixed). Efficiency is throughput per GPU over "
+                    "that of the smallest count that runs; counts that do not run (out of "
+                    "memory, a split that does not divide) are listed with the reason. Input "
+                    "is synthetic (no data loader) at every count.",
+        epilog="example: gpusim scaling --model gpt3-1.3b --gpu h100-sxm --num-gpus "
+               "1,2,4,8,16 --batch-size-per-gpu 4 --precision bf16 --seq-len 2048 "
+               "--plot scaling.png")
+    s.add_argument("--model", required=True, help="zoo name or model YAML file")
+    s.add_argument("--gpu", help="GPU profile name or alias, or a YAML file")
+    s.add_argument("--system", help="node design, e.g. dgx-h100 (default: built around --gpu)")
+    s.add_argument("--num-gpus", required=True, metavar="N,N,...",
+                   help="comma-separated GPU counts, e.g. 1,2,4,8,16")
+    batch = s.add_mutually_exclusive_group(required=True)
+    batch.add_argument("--batch-size-per-gpu", type=int,
+                       help="samples per GPU per step: weak scaling")
+    batch.add_argument("--batch-size", type=int,
+                       help="global samples per step at every count: strong scaling")
+    s.add_argument("--seq-len", type=int, help="sequence length (language models)")
+    s.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
+    s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    s.add_argument("--checkpointing", "--recompute", default="none", choices=CHECKPOINTING)
+    s.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    s.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
+    s.add_argument("--microbatch-size", type=int,
+                   help="samples per GPU per forward pass (default: batch / DP)")
+    s.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    s.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES, help="ZeRO stage")
+    s.add_argument("--sequence-parallel", action="store_true")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--plot", metavar="FILE", help="write a PNG of throughput and efficiency")
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidConfig(f"--num-gpus takes comma-separated GPU counts such as 1,2,4,8 "
+                            f"(got {text!r})") from None
+
+
+def _cell(value: float | None, scale: float = 1.0, spec: str = ",.1f") -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def _table(rows: list[ScalingRow]) -> list[str]:
+    lines = [f"{'GPUs':>6} {'batch (samples)':>16} {'step (ms)':>11} {'samples/s':>12} "
+             f"{'tokens/s':>14} {'efficiency (%)':>15}"]
+    for r in rows:
+        lines.append(f"{r.num_gpus:>6} {r.batch_size:>16} {_cell(r.step_time_s, 1e3, ',.2f'):>11}"
+                     f" {_cell(r.samples_per_s):>12} {_cell(r.tokens_per_s, spec=',.0f'):>14}"
+                     f" {_cell(r.efficiency, 100):>15}")
+    lines += [f"\ndoes not run on {r.num_gpus} GPU{'s' if r.num_gpus > 1 else ''}: {r.error}"
+              for r in rows if not r.fits]
+    return lines
+
+
+def run_scaling(args: argparse.Namespace) -> int:
+    if args.gpu is None and args.system is None:
+        raise InvalidConfig("give --gpu or --system")
+    weak = args.batch_size_per_gpu is not None
+    rows = scaling(args.model, args.gpu, _counts(args.num_gpus),
+                   batch_size_per_gpu=args.batch_size_per_gpu, batch_size=args.batch_size,
+                   seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
+                   checkpointing=args.checkpointing, system=args.system, tp=args.tp,
+                   pp=args.pp, microbatch_size=args.microbatch_size, schedule=args.schedule,
+                   zero=args.zero, sequence_parallel=args.sequence_parallel)
+    batch = (f"weak scaling, {args.batch_size_per_gpu} samples per GPU" if weak
+             else f"strong scaling, global batch {args.batch_size}")
+    split = f", TP {args.tp} x PP {args.pp}" if args.tp * args.pp > 1 else ""
+    title = f"{args.model} on {args.gpu or args.system}, {args.precision}{split}: {batch}"
+    if args.json:
+        print(json.dumps({"model": args.model, "gpu": args.gpu, "system": args.system,
+                          "scaling": "weak" if weak else "strong",
+                          "rows": [r.to_json() for r in rows]}, indent=2))
+    else:
+        print(title + "\n")
+        print("\n".join(_table(rows)))
+    if args.plot:
+        from gpusim.plotting.scaling import scaling_figure
+
+        scaling_figure(rows, title).savefig(args.plot, dpi=120)
+        if not args.json:
+            print(f"\nplot written to {args.plot}")
+    return 0
+
+
+HANDLERS = {"scaling": run_scaling}
