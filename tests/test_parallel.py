@@ -15,12 +15,19 @@ from gpusim.cli import main
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.estimate import estimate, simulate_parallel_step
-from gpusim.hardware.catalog import load_gpu
-from gpusim.plan.parallel import ParallelConfig, ParallelJob, plan_parallel, stage_memory
+from gpusim.hardware.catalog import load_gpu, load_system
+from gpusim.plan.parallel import (
+    ParallelConfig,
+    ParallelJob,
+    plan_parallel,
+    stage_memory,
+    tied_embedding_params,
+)
 from gpusim.plan.schedules import peak_in_flight, schedule
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.validate.megatron import CASES, predict
 from gpusim.workload import zoo
+from gpusim.workload.layers import Linear
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
 GPT = build_transformer(TransformerConfig(name="gpt-24l", layers=24, hidden=2048, heads=16,
@@ -133,8 +140,9 @@ def test_uniform_pipeline_matches_the_1f1b_formula() -> None:
     middle = plan.stages[1].chunks[0]
     uniform = replace(plan, stages=tuple(replace(s, chunks=(replace(middle, index=s.stage),),
                                                  optimizer_s=0.0) for s in plan.stages))
-    uniform = replace(uniform, groups={**plan.groups,
-                                       "pipeline": replace(plan.groups["pipeline"], size=1)})
+    free = {name: replace(plan.groups[name], size=1) for name in ("pipeline", "embedding")
+            if name in plan.groups}  # free transfers, and no tied-embedding reduction
+    uniform = replace(uniform, groups={**plan.groups, **free})
     result = simulate_pipeline(uniform)
     f, b = middle.forward.duration_s, middle.backward.duration_s
     assert result.step_time_s == pytest.approx((16 + 4 - 1) * (f + b), rel=1e-9)
@@ -288,3 +296,23 @@ def test_search_command_prints_a_ranked_table(capsys: pytest.CaptureFixture[str]
     out = json.loads(capsys.readouterr().out)
     assert len(out["ranked"]) == 3 and out["num_gpus"] == 8
     assert out["ranked"][0]["step_time_s"] <= out["ranked"][1]["step_time_s"]
+
+
+def test_tied_embedding_gradients_are_all_reduced_between_first_and_last_stage() -> None:
+    gpt = ParallelJob(zoo.get("gpt3-1.3b"), Topology.build(load_system("dgx-a100"), 16), 32,
+                      ParallelConfig(tensor=2, pipeline=4, data=2, microbatch_size=2), "bf16")
+    head = next(la for la in gpt.model.layers if isinstance(la, Linear) and la.shared)
+    assert tied_embedding_params(gpt) == pytest.approx(replace(head, shared=False).params / 2,
+                                                       rel=1e-3)  # TP 2 halves the vocab
+    step = simulate_parallel_step(gpt)
+    names = {(e.track, e.name) for e in step.trace.events}
+    assert ("stage 0 dp comm", "all_reduce tied embedding") in names
+    assert ("stage 3 dp comm", "all_reduce tied embedding") in names
+    assert not any(n == "all_reduce tied embedding" for t, n in names if t.startswith("stage 1"))
+    llama = ParallelJob(zoo.get("llama2-7b"), Topology.build(load_system("dgx-a100"), 16), 32,
+                        ParallelConfig(tensor=2, pipeline=4, data=2, microbatch_size=2), "bf16")
+    assert tied_embedding_params(llama) == 0  # its head has weights of its own
+    one_stage = ParallelJob(zoo.get("gpt3-1.3b"), Topology.build(load_system("dgx-a100"), 8),
+                            32, ParallelConfig(tensor=2, pipeline=1, data=4,
+                                               microbatch_size=2), "bf16")
+    assert tied_embedding_params(one_stage) == 0

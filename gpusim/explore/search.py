@@ -28,6 +28,7 @@ from gpusim.plan.parallel import (
     partition_blocks,
     plan_parallel,
     stage_memory,
+    tied_embedding_params,
 )
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
@@ -144,6 +145,9 @@ def closed_form_step(plan: ParallelPlan) -> float:
         exposed = max(0.0, reduce - last_backward) if p.overlap_grad_reduce else reduce
         if p.zero:
             exposed += plan.collective_s("all_gather", "data", worst.params * weight)
+    tied = tied_embedding_params(job)
+    if tied:
+        exposed += plan.collective_s("all_reduce", "embedding", tied * grad)
     return pipeline + exposed + optimizer
 
 

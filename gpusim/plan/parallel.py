@@ -390,7 +390,22 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
                           for op in optimizer_ops(opt_job)) * shard
         stages.append(StagePlan(s, chunks, optimizer_s, params))
     groups = job.topology.parallel_groups(tensor=p.tensor, data=p.data, pipeline=p.pipeline)
+    if tied_embedding_params(job):
+        # The first and last stage's ranks of one tensor slice, (PP - 1) x TP x DP apart.
+        groups["embedding"] = job.topology.place(2, stride=(p.pipeline - 1) * p.tensor * p.data)
     return ParallelPlan(job, tuple(stages), groups, cal)
+
+
+def tied_embedding_params(job: ParallelJob) -> int:
+    """Parameters per rank of the word embedding that the first stage and the last stage's
+    head share (Megatron-LM all-reduces their gradients between the two each step); 0 when
+    the pipeline has one stage or the head has weights of its own."""
+    if job.parallel.pipeline == 1:
+        return 0
+    _, _, tail = partition_blocks(job.model)
+    tied = [la for la in tail if isinstance(la, Linear) and la.shared]
+    return sum(shard_layer(replace(la, shared=False), job.parallel.tensor, False).params
+               for la in tied)
 
 
 def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:

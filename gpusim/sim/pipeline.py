@@ -30,7 +30,13 @@ from typing import Any
 
 import simpy
 
-from gpusim.plan.parallel import DDP_BUCKET_BYTES, ChunkPlan, ParallelPlan, StagePlan
+from gpusim.plan.parallel import (
+    DDP_BUCKET_BYTES,
+    ChunkPlan,
+    ParallelPlan,
+    StagePlan,
+    tied_embedding_params,
+)
 from gpusim.plan.schedules import schedule
 from gpusim.sim.trace import Trace, TraceEvent
 
@@ -75,6 +81,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
     stats = [_Stage() for _ in range(pp)]
     p2p_s = plan.p2p_s
     grad_bytes = job.whole.grad_bytes
+    tied = tied_embedding_params(job)
     weight_bytes = job.whole.weight_bytes
 
     def event(table: dict[tuple[str, int, int], simpy.Event],
@@ -204,6 +211,14 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
                                               f"{collective} gradients")))
         yield simpy.AllOf(env, pending)
         info.acct["data_parallel_comm"] += env.now - backward_end
+        if tied and s in (0, pp - 1):
+            # Megatron-LM then all-reduces the tied word-embedding gradients between the
+            # first and last stage (its finalize step), before the optimizer.
+            start = env.now
+            yield env.timeout(plan.collective_s("all_reduce", "embedding", tied * grad_bytes))
+            info.acct["pipeline_comm"] += env.now - start
+            record(f"stage {s} dp comm", "all_reduce tied embedding", start,
+                   "pipeline_comm")
         start = env.now
         yield env.timeout(st.optimizer_s)
         info.acct["optimizer"] += st.optimizer_s
