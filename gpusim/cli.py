@@ -60,11 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, required=True,
                    help="samples per optimizer step (the global batch over all GPUs)")
     e.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
-    length = e.add_argument_group("run length (one of)")
-    length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
-    length.add_argument("--dataset-size", type=int, help="samples per epoch")
-    length.add_argument("--tokens", type=float, help="training tokens (language models)")
-    length.add_argument("--steps", type=int, help="optimizer steps")
+    cli_explore.add_run_length_flags(e)
     e.add_argument("--seq-len", type=int, help="sequence length (language models)")
     tech = e.add_argument_group("training techniques")
     tech.add_argument("--grad-accum", type=int, default=1,

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpusim import units
+from gpusim.cli_explore import add_run_length_flags
 from gpusim.errors import InvalidConfig
 from gpusim.explore.compare import SORT_KEYS, Comparison, budget, compare
 from gpusim.hardware.catalog import catalog
@@ -39,11 +40,7 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--precision", default="auto", choices=("auto", *TRAINING_PRECISIONS),
                    help="auto (default): bf16 where the device's matrix units take it, else "
                         "fp16, else fp32")
-    length = c.add_argument_group("run length (one of; default one step)")
-    length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
-    length.add_argument("--dataset-size", type=int, help="samples per epoch")
-    length.add_argument("--tokens", type=float, help="training tokens (language models)")
-    length.add_argument("--steps", type=int, help="optimizer steps")
+    add_run_length_flags(c)
     c.add_argument("--seq-len", type=int, help="sequence length (language models)")
     c.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     c.add_argument("--checkpointing", "--recompute", choices=CHECKPOINTING,

@@ -24,6 +24,15 @@ _LOWER_IS_WORSE = frozenset({"samples_per_s", "tokens_per_s", "mfu"})
 _TABLE_ROWS = 50  # longer sweeps print their best points only; the file has them all
 
 
+def add_run_length_flags(p: argparse.ArgumentParser) -> None:
+    """--epochs/--dataset-size, --tokens or --steps: how long the run is."""
+    length = p.add_argument_group("run length (one of; default one step)")
+    length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
+    length.add_argument("--dataset-size", type=int, help="samples per epoch")
+    length.add_argument("--tokens", type=float, help="training tokens (language models)")
+    length.add_argument("--steps", type=int, help="optimizer steps")
+
+
 def add_job_flags(p: argparse.ArgumentParser) -> None:
     """The job, as ``gpusim estimate`` takes it; every flag is optional so it can be varied
     instead, and a flag left out takes estimate()'s default."""
@@ -31,11 +40,7 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="GPU or CPU profile name or alias, or a YAML file")
     p.add_argument("--batch-size", type=int, help="samples per optimizer step")
     p.add_argument("--precision", choices=TRAINING_PRECISIONS)
-    length = p.add_argument_group("run length (one of; default one step)")
-    length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
-    length.add_argument("--dataset-size", type=int, help="samples per epoch")
-    length.add_argument("--tokens", type=float, help="training tokens (language models)")
-    length.add_argument("--steps", type=int, help="optimizer steps")
+    add_run_length_flags(p)
     p.add_argument("--seq-len", type=int, help="sequence length (language models)")
     tech = p.add_argument_group("training techniques")
     tech.add_argument("--grad-accum", type=int, help="microbatches per optimizer step")
