@@ -25,7 +25,7 @@ from gpusim.plan.parallel import (
 )
 from gpusim.plan.schedules import peak_in_flight, schedule
 from gpusim.sim.pipeline import simulate_pipeline
-from gpusim.validate.megatron import CASES, predict
+from gpusim.validate.megatron import CASES, job_for, predict
 from gpusim.workload import zoo
 from gpusim.workload.layers import Linear
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -236,10 +236,17 @@ def test_trace_has_a_track_per_stage(tmp_path: Path) -> None:
 # --- published Megatron-LM figures ----------------------------------------------------------
 
 # Accuracy as of this commit (benchmarks/megatron.py prints it): every case within 20% and a
-# mean under 12%. The issue's target is 10% on every case; A100 cases run 6-17% fast on the
-# Ampere default efficiencies (single-GPU rows too, so the kernels, not the parallel model).
+# mean under 10%. The issue's target is 10% on every case; the SC'21 rows (A100 80GB) run
+# 6-19% fast on the Ampere default efficiencies, with no communication in the largest miss.
 MEGATRON_MAX_ERROR = 0.20
-MEGATRON_MEAN_ERROR = 0.12
+MEGATRON_MEAN_ERROR = 0.10
+
+
+def test_2020_dgx_a100_rows_run_on_the_40gb_launch_model() -> None:
+    # The 80 GB A100 was announced after the 2020 tables were published.
+    rows = [c for c in CASES if c.id.startswith("megatron_2020") and "dgxa100" in c.id]
+    assert rows and all(c.system == "dgx-a100-320gb" for c in rows)
+    assert job_for(rows[0]).topology.system.gpu == "a100-40gb"
 
 
 def test_megatron_cases_within_budget() -> None:

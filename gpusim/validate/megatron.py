@@ -8,7 +8,8 @@ The figures are measured runs as NVIDIA published them; gpusim never fits to the
   stages, recompute and DDP implementation from examples/sc21/run_table_1.sh @4d1c207597.
 - 2020 tables (NVIDIA/Megatron-LM images/tables.tex @5281919420^, README @5281919420):
   iteration time in ms for tensor-parallel weak scaling on one DGX-2 (V100) or DGX A100 node,
-  and for data-parallel scaling on DGX A100 nodes.
+  and for data-parallel scaling on DGX A100 nodes. These DGX A100s are the 320GB launch model
+  (A100 40GB, 1555 GB/s): the 80 GB A100 was announced on 2020-11-16, after the tables.
 
 Both report TFLOP/s with the paper's formula 96 B s l h^2 (1 + s / 6h + V / 16 l h), which
 counts the recomputed forward pass: the runs used full activation checkpointing, taken here
@@ -70,13 +71,14 @@ def _sc21(size: str, gpus: int, layers: int, hidden: int, heads: int, tp: int, p
 def _mp2020(size: str, system: str, gpus: int, layers: int, hidden: int, heads: int,
             batch: int, ms: float) -> MegatronCase:
     node = "dgx2_v100" if system == "dgx-2" else "dgxa100"
+    system = "dgx-2" if system == "dgx-2" else "dgx-a100-320gb"
     return MegatronCase(f"megatron_2020_mp_{size}_{node}", system, gpus, layers, hidden, heads,
                         1024, gpus, 1, 1, batch, batch, 1, False, "iteration_ms", ms)
 
 
 def _dp2020(size: str, gpus: int, layers: int, hidden: int, heads: int, tp: int,
             ms: float) -> MegatronCase:
-    return MegatronCase(f"megatron_2020_dp_{size}_{gpus}gpu_dgxa100", "dgx-a100", gpus, layers,
+    return MegatronCase(f"megatron_2020_dp_{size}_{gpus}gpu_dgxa100", "dgx-a100-320gb", gpus, layers,
                         hidden, heads, 1024, tp, 1, gpus // tp, 2048 // (gpus // tp), 2048, 1,
                         False, "iteration_ms", ms)
 
