@@ -34,6 +34,7 @@ from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS, Trai
 from gpusim.plan.lower import lower
 from gpusim.plan.parallel import SCHEDULES, ZERO_STAGES
 from gpusim.report import TrainingEstimate
+from gpusim.sim.ranks import Straggler
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import FP32
@@ -96,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument("--no-overlap-grad-reduce", action="store_true",
                       help="reduce data-parallel gradients after the backward pass, not "
                            "during it")
+    many.add_argument("--per-rank", action="store_true",
+                      help="simulate every data-parallel replica, not one per stage")
+    many.add_argument("--straggler", metavar="RANK:FACTOR",
+                      help="one slow GPU: its kernels take FACTOR times as long (implies "
+                           "--per-rank), e.g. 17:1.25")
+    many.add_argument("--slow-link", metavar="RANK:FACTOR",
+                      help="one slow link: every transfer and collective of that rank takes "
+                           "FACTOR times as long (implies --per-rank)")
     dims = e.add_argument_group("transformer dimensions (with --model transformer)")
     for name in _DIMENSIONS:
         dims.add_argument(f"--{name.replace('_', '-')}", type=int)
@@ -155,6 +164,12 @@ def _model_from_args(args: argparse.Namespace) -> str | Model:
     return build_transformer(cfg)
 
 
+def _straggler(args: argparse.Namespace) -> Straggler | None:
+    gpu = Straggler.parse(args.straggler, "compute") if args.straggler else None
+    link = Straggler.parse(args.slow_link, "link") if args.slow_link else None
+    return gpu.merge(link) if gpu else link
+
+
 def _estimate(args: argparse.Namespace) -> int:
     if args.dataset_size is not None and args.epochs is None:
         raise InvalidConfig("--dataset-size needs --epochs")
@@ -181,6 +196,7 @@ def _estimate(args: argparse.Namespace) -> int:
         virtual_stages=args.virtual_stages, zero=args.zero,
         sequence_parallel=args.sequence_parallel,
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
+        per_rank=args.per_rank, straggler=_straggler(args),
     )
     if args.roofline and result.step.parallel is not None:
         raise InvalidConfig("--roofline draws the kernels of a single-device job; leave out "

@@ -23,6 +23,7 @@ from gpusim.plan.parallel import ParallelConfig, ParallelJob, plan_parallel, sta
 from gpusim.report import StepResult, TrainingEstimate
 from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline
+from gpusim.sim.ranks import Straggler, rank_coords
 from gpusim.workload import formats, zoo
 from gpusim.workload.model import Model
 
@@ -117,12 +118,14 @@ def check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
 
 
 def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = None, *,
-                           trace: bool = True) -> StepResult:
-    """Simulate one step of a multi-GPU job (raises OutOfMemory if a stage does not fit)."""
+                           trace: bool = True, per_rank: bool = False,
+                           straggler: Straggler | None = None) -> StepResult:
+    """Simulate one step of a multi-GPU job (raises OutOfMemory if a stage does not fit);
+    ``per_rank`` simulates every data-parallel replica, a ``straggler`` slows one rank."""
     plan = plan_parallel(job, calibration)
     mems = [stage_memory(plan, stage) for stage in plan.stages]
     check_fits_parallel(job, mems)
-    sim = simulate_pipeline(plan, trace=trace)
+    sim = simulate_pipeline(plan, trace=trace, per_rank=per_rank, straggler=straggler)
     gpu = job.topology.gpu
     peak, _ = gpu.peak_flops(job.whole.numerics().matmul, matrix=True)  # type: ignore[arg-type]
     worst = max(mems, key=lambda m: m.peak_bytes)
@@ -145,7 +148,23 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
     )
 
 
-def _parallel_assumptions(job: ParallelJob, assumed_system: bool) -> list[str]:
+def _simulated_ranks(job: ParallelJob, per_rank: bool, straggler: Straggler | None) -> str:
+    p = job.parallel
+    if not per_rank and straggler is None:
+        return "one representative rank per pipeline stage"
+    text = (f"every rank: {p.data * p.pipeline} units (data-parallel replicas x stages), each "
+            f"a tensor-parallel group of {p.tensor} in lockstep")
+    if straggler is not None:
+        at = rank_coords(straggler.rank, p.tensor, p.data, p.pipeline)
+        slow = [f"kernels x{straggler.compute:g}"] if straggler.compute > 1 else []
+        slow += [f"transfers x{straggler.link:g}"] if straggler.link > 1 else []
+        text += (f"; straggler rank {straggler.rank} (stage {at.stage}, replica {at.replica}): "
+                 f"{', '.join(slow) or 'no slowdown'}")
+    return text
+
+
+def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool = False,
+                          straggler: Straggler | None = None) -> list[str]:
     p, topo = job.parallel, job.topology
     num = job.whole.numerics()
     out = [f"{topo.num_gpus} GPUs on {topo.num_nodes} node(s) of {topo.system.full_name}"
@@ -165,7 +184,7 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool) -> list[str]:
                    "data-parallel gradients reduced in one buffer after the last backward pass")
     out.append("tensor-parallel collectives on the critical path (no overlap with compute); "
                "collectives take the fastest NCCL algorithm for their size")
-    out.append("one representative rank per pipeline stage; links not shared between "
+    out.append(f"{_simulated_ranks(job, per_rank, straggler)}; links not shared between "
                "concurrent transfers of different groups; no compute slowdown from "
                "communication kernels")
     out.append("synthetic input on the device (no loader)")
@@ -266,13 +285,16 @@ def estimate(
     zero: int = 0,
     sequence_parallel: bool = False,
     overlap_grad_reduce: bool = True,
+    per_rank: bool = False,
+    straggler: Straggler | None = None,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
 
     ``batch_size`` is the global batch per optimizer step. The run's length comes from
     exactly one of ``steps``, ``tokens`` (language models) or ``epochs`` with
-    ``dataset_size``; with none, one step is estimated.
+    ``dataset_size``; with none, one step is estimated. ``per_rank`` and ``straggler`` (one
+    slow GPU or link) apply to multi-GPU jobs.
     """
     net = resolve_model(model, seq_len)
     if steps is None and tokens is None and epochs is None:
@@ -293,12 +315,15 @@ def estimate(
                                  sequence_parallel=sequence_parallel,
                                  overlap_grad_reduce=overlap_grad_reduce)
         pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing)
-        step = simulate_parallel_step(pjob)
+        step = simulate_parallel_step(pjob, per_rank=per_rank, straggler=straggler)
         device: DeviceProfile = topo.gpu
-        assumptions = _parallel_assumptions(pjob, assumed)
+        assumptions = _parallel_assumptions(pjob, assumed, per_rank, straggler)
     else:
         if gpu is None:
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
+        if per_rank or straggler is not None:
+            raise InvalidConfig("--per-rank, --straggler and --slow-link apply to multi-GPU "
+                                "jobs (give --num-gpus)")
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
         job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
                           checkpointing, frozen, loader_workers)

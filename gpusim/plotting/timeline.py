@@ -40,6 +40,8 @@ LABELS = {
 MAX_STAGES = 8  # more stages than this are sampled evenly; 3 rows each stay legible
 STREAMS = ("compute", "p2p", "dp comm")  # display order of a stage's rows
 _STAGE_TRACK = re.compile(r"stage (\d+) (.+)")
+_REPLICA_STREAM = re.compile(r"dp (\d+) compute")
+MAX_REPLICAS = 4  # per-rank traces: replicas drawn per stage, evenly spaced
 
 
 def label(key: str) -> str:
@@ -63,7 +65,8 @@ def stage_sample(count: int, limit: int = MAX_STAGES) -> list[int]:
     return sorted({round(i * (count - 1) / (limit - 1)) for i in range(limit)})
 
 
-def _stages(tracks: list[str]) -> tuple[list[int], list[str], int]:
+def _stages(tracks: list[str], events: tuple[TraceEvent, ...] = ()
+            ) -> tuple[list[int], list[str], int]:
     """(the stages to draw, the streams of each in display order, stages in all); all
     empty for a trace without stage tracks."""
     stages: dict[int, set[str]] = {}
@@ -73,9 +76,25 @@ def _stages(tracks: list[str]) -> tuple[list[int], list[str], int]:
     if not stages:
         return [], [], 0
     present = set().union(*stages.values())
+    replicas = sorted({int(m[1]) for t in present if (m := _REPLICA_STREAM.fullmatch(t))})
+    if replicas:  # a per-rank trace: the compute stream of a few replicas per stage
+        drawn = {replicas[i] for i in stage_sample(len(replicas), MAX_REPLICAS - 1)}
+        drawn.add(_busiest_replica(events, replicas[0]))  # a straggler's, if there is one
+        count = max(stages) + 1
+        streams = [f"dp {r} compute" for r in sorted(drawn)]
+        return stage_sample(count, MAX_STAGES // 2), streams, count
     streams = [s for s in STREAMS if s in present] + sorted(present - set(STREAMS))
     count = max(stages) + 1
     return stage_sample(count), streams, count
+
+
+def _busiest_replica(events: tuple[TraceEvent, ...], default: int) -> int:
+    """The data-parallel replica whose compute streams worked longest."""
+    busy: dict[int, float] = {}
+    for e in events:
+        if (m := _STAGE_TRACK.fullmatch(e.track)) and (r := _REPLICA_STREAM.fullmatch(m[2])):
+            busy[int(r[1])] = busy.get(int(r[1]), 0.0) + e.duration_s
+    return max(busy, key=lambda k: (busy[k], -k)) if busy else default
 
 
 def _gantt(ax: Axes, events: tuple[TraceEvent, ...], tracks: list[str], start_s: float,
@@ -142,7 +161,7 @@ def step_figure(result: TrainingEstimate) -> Figure:
     events = step.trace.events
     end = max((e.end_s for e in events), default=0.0)
     start = end - step.step_time_s
-    shown, streams, stages = _stages(step.trace.tracks())
+    shown, streams, stages = _stages(step.trace.tracks(), events)
     tracks = ([f"stage {s} {stream}" for s in shown for stream in streams] if shown
               else step.trace.tracks())
     scale, unit = time_unit(step.step_time_s)

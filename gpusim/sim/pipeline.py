@@ -1,7 +1,9 @@
 """The discrete-event simulation of one parallel training step on SimPy.
 
 One representative rank per pipeline stage (ranks of a stage behave alike whatever their
-tensor or data position). Each has a compute stream, which runs the stage's forward and
+tensor or data position), or, per rank (``per_rank``), one unit per data-parallel replica and
+stage, each standing for its tensor-parallel group (see ``gpusim.sim.ranks``); a
+``Straggler`` makes one of them slow. Each has a compute stream, which runs the stage's forward and
 backward passes in the order its schedule gives, and a data-parallel communication stream.
 Pipeline neighbours exchange activations (forward) and their gradients (backward) over the
 pipeline group's link; one transfer at a time crosses each link in each direction, and a
@@ -17,7 +19,9 @@ Data parallelism, by ZeRO stage:
   gather prefetched while the previous block computes: the pass lasts at least as long as
   its gathers, and the step's first block waits for its own; gradients as in 2.
 
-The step ends when every stage has finished its optimizer step. Every duration comes from the
+A collective starts when every rank of its group has reached it (data-parallel replicas of
+a stage; the first and last stage for tied embeddings), and runs at the pace of its slowest
+link. The step ends when every stage has finished its optimizer step. Every duration comes from the
 plan; the engine only schedules.
 """
 
@@ -35,9 +39,11 @@ from gpusim.plan.parallel import (
     ChunkPlan,
     ParallelPlan,
     StagePlan,
+    Work,
     tied_embedding_params,
 )
 from gpusim.plan.schedules import schedule
+from gpusim.sim.ranks import Straggler, rank_coords
 from gpusim.sim.trace import Trace, TraceEvent
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tensor_parallel_comm",
@@ -47,15 +53,17 @@ BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tensor_parallel_comm",
 @dataclass(frozen=True)
 class PipelineResult:
     step_time_s: float
-    breakdown_s: dict[str, float]  # of the stage that finishes last; sums to step_time_s
-    busy_fraction: float  # mean over stages of compute-stream busy time / step time
+    breakdown_s: dict[str, float]  # of the unit that finishes last; sums to step_time_s
+    busy_fraction: float  # mean over simulated units of compute-stream busy time / step time
     critical_stage: int
     passes: int
     trace: Trace
+    units: int = 1  # simulated units: stages, or replicas x stages per rank
+    critical_replica: int = 0
 
 
-class _Stage:
-    """Per-stage bookkeeping: what waited for what."""
+class _Unit:
+    """Per-unit bookkeeping: what waited for what."""
 
     def __init__(self) -> None:
         self.acct: dict[str, float] = defaultdict(float)
@@ -63,101 +71,145 @@ class _Stage:
         self.end = 0.0
 
 
-def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResult:
-    """Simulate one step of ``plan`` from an empty pipeline to the last optimizer step."""
+Key = tuple[int, str, int, int]  # (replica, pass kind, microbatch, virtual stage)
+
+
+def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool = False,
+                      straggler: Straggler | None = None) -> PipelineResult:
+    """Simulate one step of ``plan`` from an empty pipeline to the last optimizer step.
+
+    ``per_rank`` simulates every data-parallel replica rather than one; a ``straggler``
+    implies it."""
     job = plan.job
     par = job.parallel
     pp, v, micro = par.pipeline, par.virtual_stages, plan.microbatches
+    replicas = par.data if per_rank or straggler is not None else 1
     last_virtual = pp * v - 1
     env = simpy.Environment()
     events: list[TraceEvent] = []
-    # done[(kind, micro, virtual stage)]: the pass finished; arrived[...]: its output reached
-    # the stage that needs it. produced[...] records when it finished.
-    done: dict[tuple[str, int, int], simpy.Event] = {}
-    arrived: dict[tuple[str, int, int], simpy.Event] = {}
-    produced: dict[tuple[str, int, int], float] = {}
-    links = {(s, d): simpy.Resource(env, 1) for s in range(pp) for d in ("F", "B")}
-    dp_streams = [simpy.Resource(env, 1) for _ in range(pp)]
-    stats = [_Stage() for _ in range(pp)]
+    # done[(replica, kind, micro, virtual stage)]: the pass finished; arrived[...]: its output
+    # reached the stage that needs it. produced[...] records when it finished.
+    done: dict[Key, simpy.Event] = {}
+    arrived: dict[Key, simpy.Event] = {}
+    produced: dict[Key, float] = {}
+    units = [(r, s) for r in range(replicas) for s in range(pp)]
+    links = {(r, s, d): simpy.Resource(env, 1) for r, s in units for d in ("F", "B")}
+    dp_streams = {u: simpy.Resource(env, 1) for u in units}
+    stats = {u: _Unit() for u in units}
+    gates: dict[tuple[Any, ...], list[Any]] = {}  # collective -> [ranks arrived, start event]
+    issued: dict[tuple[int, int, str], int] = defaultdict(int)
     p2p_s = plan.p2p_s
     grad_bytes = job.whole.grad_bytes
     tied = tied_embedding_params(job)
     weight_bytes = job.whole.weight_bytes
 
-    def event(table: dict[tuple[str, int, int], simpy.Event],
-              key: tuple[str, int, int]) -> simpy.Event:
+    slow_compute: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
+    slow_link: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
+    if straggler is not None:
+        at = rank_coords(straggler.rank, par.tensor, par.data, pp)
+        slow_compute[(at.replica, at.stage)] = straggler.compute
+        slow_link[(at.replica, at.stage)] = straggler.link
+
+    def duration(work: Work, unit: tuple[int, int]) -> float:
+        busy = work.compute_s * slow_compute[unit] + work.tp_comm_s * slow_link[unit]
+        return max(busy, work.host_s)
+
+    def track(unit: tuple[int, int], stream: str) -> str:
+        r, s = unit
+        return f"stage {s} {stream}" if replicas == 1 else f"stage {s} dp {r} {stream}"
+
+    def event(table: dict[Key, simpy.Event], key: Key) -> simpy.Event:
         if key not in table:
             table[key] = env.event()
         return table[key]
 
-    def record(track: str, name: str, start: float, category: str) -> None:
+    def record(name_track: str, name: str, start: float, category: str) -> None:
         if trace and env.now > start:
-            events.append(TraceEvent(track, name, start, env.now, category))
+            events.append(TraceEvent(name_track, name, start, env.now, category))
 
-    def send(stage: int, kind: str, key: tuple[str, int, int], target_stage: int) -> Any:
+    def meet(key: tuple[Any, ...], ranks: int) -> simpy.Event:
+        """The event that fires when ``ranks`` members have reached collective ``key``."""
+        gate = gates.setdefault(key, [0, env.event()])
+        gate[0] += 1
+        if gate[0] == ranks:
+            gate[1].succeed()
+        return gate[1]  # type: ignore[no-any-return]
+
+    def hop_s(r: int, source: int, target: int) -> float:
+        return p2p_s * max(slow_link[(r, source)], slow_link[(r, target)])
+
+    def send(unit: tuple[int, int], kind: str, key: Key, target_stage: int) -> Any:
         """Carry a pass's output to the stage that consumes it."""
-        if target_stage == stage or p2p_s == 0.0:
+        r, s = unit
+        if target_stage == s or p2p_s == 0.0:
             event(arrived, key).succeed()
             return
-        with links[(stage, kind)].request() as req:
+        with links[(r, s, kind)].request() as req:
             yield req
             start = env.now
-            yield env.timeout(p2p_s)
-            record(f"stage {stage} p2p", f"send {kind}{key[1]}", start, "pipeline_comm")
+            yield env.timeout(hop_s(r, s, target_stage))
+            record(track(unit, "p2p"), f"send {kind}{key[2]}", start, "pipeline_comm")
         event(arrived, key).succeed()
 
-    def reduce(stage: int, collective: str, n_bytes: float, label: str,
+    def reduce(unit: tuple[int, int], collective: str, n_bytes: float, label: str,
                ready_at: float = 0.0) -> Any:
-        """A data-parallel collective on the stage's communication stream."""
+        """A data-parallel collective on the unit's communication stream; it starts when
+        every replica of the stage has reached it."""
+        r, s = unit
+        nth = issued[(r, s, label)]
+        issued[(r, s, label)] += 1
         if ready_at > env.now:
             yield env.timeout(ready_at - env.now)
         seconds = plan.collective_s(collective, "data", n_bytes)  # type: ignore[arg-type]
         if seconds == 0.0:
             return
-        with dp_streams[stage].request() as req:
+        seconds *= max(slow_link[(q, s)] for q in range(replicas))
+        with dp_streams[unit].request() as req:
             yield req
+            yield meet(("data", s, label, nth), replicas)
             start = env.now
             yield env.timeout(seconds)
-            record(f"stage {stage} dp comm", label, start, "data_parallel_comm")
+            record(track(unit, "dp comm"), label, start, "data_parallel_comm")
 
-    def bucketed(stage: int, chunk: ChunkPlan, collective: str, start: float,
-                 duration: float) -> list[simpy.Process]:
-        """Gradient buckets become ready evenly through a backward pass of ``duration``."""
+    def bucketed(unit: tuple[int, int], chunk: ChunkPlan, collective: str, start: float,
+                 length: float) -> list[simpy.Process]:
+        """Gradient buckets become ready evenly through a backward pass of ``length``."""
         total = chunk.params * grad_bytes
         if total == 0 or par.data == 1:
             return []
         count = max(1, math.ceil(total / DDP_BUCKET_BYTES))
-        return [env.process(reduce(stage, collective, total / count,
+        return [env.process(reduce(unit, collective, total / count,
                                    f"{collective} bucket {i}",
-                                   start + duration * (i + 1) / count))
+                                   start + length * (i + 1) / count))
                 for i in range(count)]
 
-    def gather_weights(stage: int, params: float) -> simpy.Process:
-        return env.process(reduce(stage, "all_gather", params * weight_bytes,
+    def gather_weights(unit: tuple[int, int], params: float) -> simpy.Process:
+        return env.process(reduce(unit, "all_gather", params * weight_bytes,
                                   "all_gather weights"))
 
-    def run_stage(st: StagePlan) -> Any:
-        s = st.stage
-        info = stats[s]
+    def run_stage(unit: tuple[int, int], st: StagePlan) -> Any:
+        r, s = unit
+        info = stats[unit]
         tasks = schedule(par.schedule, s, pp, micro, v)
         last_backward = {c: max(t.micro for t in tasks if t.kind == "B" and t.chunk == c)
                          for c in range(v)}
         pending: list[simpy.Process] = []
         if par.zero == 3:  # the first block's weights before anything can run
             first = env.now
-            yield gather_weights(s, st.chunks[tasks[0].chunk].largest_block_params)
+            yield gather_weights(unit, st.chunks[tasks[0].chunk].largest_block_params)
             info.acct["data_parallel_comm"] += env.now - first
         prev_end = env.now
         for t in tasks:
             chunk = st.chunks[t.chunk]
             vs = chunk.index
-            key = (t.kind, t.micro, vs)
+            key = (r, t.kind, t.micro, vs)
+            dep: Key | None
             if t.kind == "F":
-                dep = ("F", t.micro, vs - 1) if vs > 0 else None
+                dep = (r, "F", t.micro, vs - 1) if vs > 0 else None
             else:
-                dep = ("B", t.micro, vs + 1) if vs < last_virtual else ("F", t.micro, vs)
+                dep = (r, "B", t.micro, vs + 1) if vs < last_virtual else (r, "F", t.micro, vs)
             if dep is not None:
-                if dep[0] == "F" and dep[2] == vs:
+                if dep[1] == "F" and dep[3] == vs:
                     yield event(done, dep)
                 else:
                     yield event(arrived, dep)
@@ -166,7 +218,8 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
             # bubble, its output in flight is pipeline communication, the rest is waiting for
             # ZeRO-3's weight gather.
             producer = produced.get(dep, 0.0) if dep is not None else 0.0
-            hop = p2p_s if dep is not None and dep[2] % pp != s else 0.0
+            source = dep[3] % pp if dep is not None else s
+            hop = hop_s(r, source, s) if source != s else 0.0
             arrival = min(start, producer + hop)
             bubble = max(0.0, min(start, producer) - prev_end)
             p2p = max(0.0, arrival - max(prev_end, producer))
@@ -174,68 +227,76 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True) -> PipelineResu
             info.acct["pipeline_bubble"] += bubble
             info.acct["pipeline_comm"] += p2p + (0.0 if par.zero == 3 else rest)
             info.acct["data_parallel_comm"] += rest if par.zero == 3 else 0.0
-            gathering = gather_weights(s, chunk.params) if par.zero == 3 else None
+            gathering = gather_weights(unit, chunk.params) if par.zero == 3 else None
             work = chunk.forward if t.kind == "F" else chunk.backward
+            length = duration(work, unit)
             if t.kind == "B" and par.data > 1:  # gradient buckets fill as the pass runs
                 if par.zero >= 2:
-                    pending += bucketed(s, chunk, "reduce_scatter", start, work.duration_s)
+                    pending += bucketed(unit, chunk, "reduce_scatter", start, length)
                 elif par.overlap_grad_reduce and t.micro == last_backward[t.chunk]:
                     collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
-                    pending += bucketed(s, chunk, collective, start, work.duration_s)
-            yield env.timeout(work.duration_s)
+                    pending += bucketed(unit, chunk, collective, start, length)
+            yield env.timeout(length)
             if gathering is not None and not gathering.processed:
                 waited = env.now
                 yield gathering
                 info.acct["data_parallel_comm"] += env.now - waited
-            info.busy += work.duration_s
-            tp = work.tp_comm_s
+            info.busy += length
+            tp = work.tp_comm_s * slow_link[unit]
             if t.kind == "F":
-                info.acct["forward"] += work.duration_s - tp
+                info.acct["forward"] += length - tp
             else:
-                info.acct["recompute"] += work.recompute_s
-                info.acct["backward"] += work.duration_s - tp - work.recompute_s
+                recompute = work.recompute_s * slow_compute[unit]
+                info.acct["recompute"] += recompute
+                info.acct["backward"] += length - tp - recompute
             info.acct["tensor_parallel_comm"] += tp
-            record(f"stage {s} compute", f"{t.kind}{t.micro}" + (f".{t.chunk}" if v > 1 else ""),
+            record(track(unit, "compute"),
+                   f"{t.kind}{t.micro}" + (f".{t.chunk}" if v > 1 else ""),
                    start, "forward" if t.kind == "F" else "backward")
             prev_end = env.now
             produced[key] = env.now
             event(done, key).succeed()
             if t.kind == "F" and vs < last_virtual:
-                env.process(send(s, "F", key, (vs + 1) % pp))
+                env.process(send(unit, "F", key, (vs + 1) % pp))
             elif t.kind == "B" and vs > 0:
-                env.process(send(s, "B", key, (vs - 1) % pp))
+                env.process(send(unit, "B", key, (vs - 1) % pp))
         backward_end = env.now
         if par.data > 1 and par.zero <= 1 and not par.overlap_grad_reduce:
             collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
-            pending.append(env.process(reduce(s, collective, st.params * grad_bytes,
+            pending.append(env.process(reduce(unit, collective, st.params * grad_bytes,
                                               f"{collective} gradients")))
         yield simpy.AllOf(env, pending)
         info.acct["data_parallel_comm"] += env.now - backward_end
         if tied and s in (0, pp - 1):
             # Megatron-LM then all-reduces the tied word-embedding gradients between the
             # first and last stage (its finalize step), before the optimizer.
+            waited = env.now
+            yield meet(("embedding", r), 2)
             start = env.now
-            yield env.timeout(plan.collective_s("all_reduce", "embedding", tied * grad_bytes))
-            info.acct["pipeline_comm"] += env.now - start
-            record(f"stage {s} dp comm", "all_reduce tied embedding", start,
+            seconds = plan.collective_s("all_reduce", "embedding", tied * grad_bytes)
+            yield env.timeout(seconds * max(slow_link[(r, 0)], slow_link[(r, pp - 1)]))
+            info.acct["pipeline_comm"] += env.now - waited
+            record(track(unit, "dp comm"), "all_reduce tied embedding", start,
                    "pipeline_comm")
         start = env.now
-        yield env.timeout(st.optimizer_s)
-        info.acct["optimizer"] += st.optimizer_s
-        info.busy += st.optimizer_s
-        record(f"stage {s} compute", "optimizer step", start, "optimizer")
+        optimizer_s = st.optimizer_s * slow_compute[unit]
+        yield env.timeout(optimizer_s)
+        info.acct["optimizer"] += optimizer_s
+        info.busy += optimizer_s
+        record(track(unit, "compute"), "optimizer step", start, "optimizer")
         if par.data > 1 and par.zero in (1, 2):
             start = env.now
-            yield env.process(reduce(s, "all_gather", st.params * weight_bytes,
+            yield env.process(reduce(unit, "all_gather", st.params * weight_bytes,
                                      "all_gather weights"))
             info.acct["data_parallel_comm"] += env.now - start
         info.end = env.now
 
-    procs = [env.process(run_stage(st)) for st in plan.stages]
+    procs = [env.process(run_stage(u, plan.stages[u[1]])) for u in units]
     env.run(until=simpy.AllOf(env, procs))
-    step = max(info.end for info in stats)
-    critical = max(range(pp), key=lambda s: (stats[s].end, -s))
+    step = max(info.end for info in stats.values())
+    critical = max(units, key=lambda u: (stats[u].end, -u[1], -u[0]))
     breakdown = {key: stats[critical].acct.get(key, 0.0) for key in BREAKDOWN_KEYS}
-    busy = sum(info.busy for info in stats) / (pp * step) if step else 0.0
-    passes = sum(len(schedule(par.schedule, s, pp, micro, v)) for s in range(pp))
-    return PipelineResult(step, breakdown, busy, critical, passes, Trace(tuple(events)))
+    busy = sum(info.busy for info in stats.values()) / (len(units) * step) if step else 0.0
+    passes = replicas * sum(len(schedule(par.schedule, s, pp, micro, v)) for s in range(pp))
+    return PipelineResult(step, breakdown, busy, critical[1], passes, Trace(tuple(events)),
+                          len(units), critical[0])

@@ -5,6 +5,7 @@ to the Chrome/Perfetto trace format (open the file at ui.perfetto.dev or chrome:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,12 @@ class TraceEvent:
 TRACK_ORDER = ("host", "loader", "copy", "compute")
 
 
+def _natural(track: str) -> list[object]:
+    """Sort key that puts "stage 2" before "stage 10"."""
+    return [(0, int(part)) if part.isdigit() else (1, part)
+            for part in re.split(r"(\d+)", track)]
+
+
 @dataclass(frozen=True)
 class Trace:
     events: tuple[TraceEvent, ...]
@@ -35,7 +42,7 @@ class Trace:
     def tracks(self) -> list[str]:
         present = {e.track for e in self.events}
         ordered = [t for t in TRACK_ORDER if t in present]
-        return ordered + sorted(present - set(ordered))
+        return ordered + sorted(present - set(ordered), key=_natural)
 
     def to_chrome(self) -> dict[str, object]:
         """The trace as a Chrome trace-event JSON object (times in microseconds)."""

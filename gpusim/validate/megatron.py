@@ -78,9 +78,9 @@ def _mp2020(size: str, system: str, gpus: int, layers: int, hidden: int, heads: 
 
 def _dp2020(size: str, gpus: int, layers: int, hidden: int, heads: int, tp: int,
             ms: float) -> MegatronCase:
-    return MegatronCase(f"megatron_2020_dp_{size}_{gpus}gpu_dgxa100", "dgx-a100-320gb", gpus, layers,
-                        hidden, heads, 1024, tp, 1, gpus // tp, 2048 // (gpus // tp), 2048, 1,
-                        False, "iteration_ms", ms)
+    return MegatronCase(f"megatron_2020_dp_{size}_{gpus}gpu_dgxa100", "dgx-a100-320gb", gpus,
+                        layers, hidden, heads, 1024, tp, 1, gpus // tp,
+                        2048 // (gpus // tp), 2048, 1, False, "iteration_ms", ms)
 
 
 CASES: tuple[MegatronCase, ...] = (

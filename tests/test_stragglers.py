@@ -1,0 +1,114 @@
+"""Per-rank simulation: every data-parallel replica simulated, and one slow GPU or link."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpusim.cli import main
+from gpusim.comm.topology import Topology
+from gpusim.errors import InvalidConfig
+from gpusim.plan.parallel import ParallelConfig, ParallelJob, ParallelPlan, plan_parallel
+from gpusim.sim.pipeline import simulate_pipeline
+from gpusim.sim.ranks import RankCoords, Straggler, rank_coords
+from gpusim.sim.trace import Trace, TraceEvent
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+
+GPT = build_transformer(TransformerConfig(name="gpt-8l", layers=8, hidden=1024, heads=16,
+                                          vocab=51200, seq_len=1024))
+
+
+def plan(num_gpus: int = 16, batch: int = 64, **split: object) -> ParallelPlan:
+    config = ParallelConfig(**split)  # type: ignore[arg-type]
+    return plan_parallel(ParallelJob(GPT, Topology.build("dgx-a100", num_gpus), batch, config,
+                                     "bf16", "adam", "none"))
+
+
+def test_ranks_are_numbered_tensor_innermost_then_data_then_pipeline() -> None:
+    # TP 2 x DP 4 x PP 2: rank = stage x 8 + replica x 2 + tensor index.
+    assert rank_coords(0, 2, 4, 2) == RankCoords(0, 0, 0)
+    coords = rank_coords(13, 2, 4, 2)
+    assert (coords.stage, coords.replica, coords.tensor) == (1, 2, 1)
+    with pytest.raises(InvalidConfig, match="ranks 0 to 15"):
+        rank_coords(16, 2, 4, 2)
+
+
+@pytest.mark.parametrize("split", [
+    {"tensor": 2, "pipeline": 2, "data": 4, "microbatch_size": 2},
+    {"pipeline": 4, "data": 4, "microbatch_size": 2, "schedule": "interleaved",
+     "virtual_stages": 2},
+    {"data": 16, "microbatch_size": 4, "zero": 3},
+    {"pipeline": 2, "data": 8, "microbatch_size": 2, "overlap_grad_reduce": False, "zero": 1},
+])
+def test_every_replica_of_a_symmetric_job_matches_the_representative(split: dict[str, object]
+                                                                     ) -> None:
+    p = plan(**split)
+    one = simulate_pipeline(p, trace=False)
+    every = simulate_pipeline(p, trace=False, per_rank=True)
+    assert every.units == p.job.parallel.data * p.job.parallel.pipeline
+    assert every.step_time_s == pytest.approx(one.step_time_s, rel=1e-9)
+    assert every.breakdown_s == pytest.approx(one.breakdown_s, rel=1e-9)
+
+
+def test_a_slow_gpu_holds_back_every_replica_at_the_gradient_reduction() -> None:
+    p = plan(data=16, microbatch_size=4)
+    base = simulate_pipeline(p, trace=False)
+    slow = simulate_pipeline(p, trace=False, straggler=Straggler(5, compute=1.5))
+    compute = base.breakdown_s["forward"] + base.breakdown_s["backward"]
+    # The straggler's passes take half as long again, and the synchronous all-reduce makes
+    # the whole step wait for them; a fast replica's extra time is all communication wait.
+    assert slow.step_time_s >= base.step_time_s + 0.45 * compute
+    assert slow.critical_replica == 5
+    assert slow.breakdown_s["forward"] == pytest.approx(1.5 * base.breakdown_s["forward"])
+
+
+def test_a_slow_link_slows_the_collectives_and_transfers_it_carries() -> None:
+    p = plan(pipeline=2, data=8, microbatch_size=2)
+    base = simulate_pipeline(p, trace=False)
+    slow = simulate_pipeline(p, trace=False, straggler=Straggler(3, link=4.0))
+    assert slow.step_time_s > base.step_time_s
+    assert slow.breakdown_s["forward"] == pytest.approx(base.breakdown_s["forward"])
+
+
+def test_straggler_options_parse_and_refuse_nonsense() -> None:
+    assert Straggler.parse("17:1.25", "compute") == Straggler(17, compute=1.25)
+    assert Straggler.parse("3:2", "link").merge(None) == Straggler(3, link=2.0)
+    assert Straggler(3, compute=1.5).merge(Straggler(3, link=2.0)) == Straggler(3, 1.5, 2.0)
+    for bad in ("17", "x:2", "4:-1"):
+        with pytest.raises(InvalidConfig, match="RANK:FACTOR"):
+            Straggler.parse(bad, "compute")
+    with pytest.raises(InvalidConfig, match=r"at least 1\.0"):
+        Straggler(1, compute=0.5)
+    with pytest.raises(InvalidConfig, match="same rank"):
+        Straggler(1, compute=1.5).merge(Straggler(2, link=2.0))
+
+
+def test_estimate_names_the_straggler_and_draws_its_replica(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.json"
+    assert main(["estimate", "--model", "gpt2", "--system", "dgx-a100", "--num-gpus", "16",
+                 "--pp", "2", "--batch-size", "64", "--microbatch-size", "2", "--precision",
+                 "bf16", "--straggler", "9:1.3", "--slow-link", "9:2", "--trace", str(trace),
+                 "--plot", str(tmp_path / "step.png"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any("straggler rank 9 (stage 1, replica 1): kernels x1.3, transfers x2" in a
+               for a in out["assumptions"])
+    names = {row["args"]["name"] for row in json.loads(trace.read_text())["traceEvents"]
+             if row.get("name") == "thread_name"}
+    assert {"stage 0 dp 0 compute", "stage 1 dp 7 compute"} <= names
+    assert (tmp_path / "step.png").stat().st_size > 0
+
+
+def test_straggler_on_one_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--model", "gpt2", "--gpu", "h100-sxm", "--batch-size", "8",
+                 "--straggler", "0:1.5"]) == 2
+    assert "multi-GPU" in capsys.readouterr().err
+
+
+def test_trace_tracks_sort_numbers_as_numbers() -> None:
+    names = ["stage 10 compute", "stage 2 dp 10 compute", "stage 2 dp 3 compute", "compute"]
+    trace = Trace(tuple(TraceEvent(n, "x", 0.0, 1.0, "forward") for n in names))
+    assert trace.tracks() == ["compute", "stage 2 dp 3 compute", "stage 2 dp 10 compute",
+                              "stage 10 compute"]
