@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument("--slow-link", metavar="RANK:FACTOR",
                       help="one slow link: every transfer and collective of that rank takes "
                            "FACTOR times as long (implies --per-rank)")
+    many.add_argument("--comm-slowdown", type=float, default=0.0, metavar="FRACTION",
+                      help="kernels run this fraction slower while a data-parallel collective "
+                           "runs beside them, e.g. 0.1 (default 0: no interference)")
     dims = e.add_argument_group("transformer dimensions (with --model transformer)")
     for name in _DIMENSIONS:
         dims.add_argument(f"--{name.replace('_', '-')}", type=int)
@@ -196,7 +199,7 @@ def _estimate(args: argparse.Namespace) -> int:
         virtual_stages=args.virtual_stages, zero=args.zero,
         sequence_parallel=args.sequence_parallel,
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
-        per_rank=args.per_rank, straggler=_straggler(args),
+        per_rank=args.per_rank, straggler=_straggler(args), comm_slowdown=args.comm_slowdown,
     )
     if args.roofline and result.step.parallel is not None:
         raise InvalidConfig("--roofline draws the kernels of a single-device job; leave out "

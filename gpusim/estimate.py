@@ -119,13 +119,16 @@ def check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
 
 def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = None, *,
                            trace: bool = True, per_rank: bool = False,
-                           straggler: Straggler | None = None) -> StepResult:
+                           straggler: Straggler | None = None,
+                           comm_slowdown: float = 0.0) -> StepResult:
     """Simulate one step of a multi-GPU job (raises OutOfMemory if a stage does not fit);
-    ``per_rank`` simulates every data-parallel replica, a ``straggler`` slows one rank."""
+    ``per_rank`` simulates every data-parallel replica, a ``straggler`` slows one rank,
+    ``comm_slowdown`` slows kernels while a data-parallel collective runs beside them."""
     plan = plan_parallel(job, calibration)
     mems = [stage_memory(plan, stage) for stage in plan.stages]
     check_fits_parallel(job, mems)
-    sim = simulate_pipeline(plan, trace=trace, per_rank=per_rank, straggler=straggler)
+    sim = simulate_pipeline(plan, trace=trace, per_rank=per_rank, straggler=straggler,
+                            comm_slowdown=comm_slowdown)
     gpu = job.topology.gpu
     peak, _ = gpu.peak_flops(job.whole.numerics().matmul, matrix=True)  # type: ignore[arg-type]
     worst = max(mems, key=lambda m: m.peak_bytes)
@@ -164,7 +167,8 @@ def _simulated_ranks(job: ParallelJob, per_rank: bool, straggler: Straggler | No
 
 
 def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool = False,
-                          straggler: Straggler | None = None) -> list[str]:
+                          straggler: Straggler | None = None,
+                          comm_slowdown: float = 0.0) -> list[str]:
     p, topo = job.parallel, job.topology
     num = job.whole.numerics()
     out = [f"{topo.num_gpus} GPUs on {topo.num_nodes} node(s) of {topo.system.full_name}"
@@ -184,9 +188,11 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool
                    "data-parallel gradients reduced in one buffer after the last backward pass")
     out.append("tensor-parallel collectives on the critical path (no overlap with compute); "
                "collectives take the fastest NCCL algorithm for their size")
+    slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel collective "
+                "runs beside them" if comm_slowdown else
+                "no compute slowdown from communication kernels (--comm-slowdown)")
     out.append(f"{_simulated_ranks(job, per_rank, straggler)}; links not shared between "
-               "concurrent transfers of different groups; no compute slowdown from "
-               "communication kernels")
+               f"concurrent transfers of different groups; {slowdown}")
     out.append("synthetic input on the device (no loader)")
     out.append(_ENERGY)
     return out
@@ -287,6 +293,7 @@ def estimate(
     overlap_grad_reduce: bool = True,
     per_rank: bool = False,
     straggler: Straggler | None = None,
+    comm_slowdown: float = 0.0,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
@@ -294,7 +301,7 @@ def estimate(
     ``batch_size`` is the global batch per optimizer step. The run's length comes from
     exactly one of ``steps``, ``tokens`` (language models) or ``epochs`` with
     ``dataset_size``; with none, one step is estimated. ``per_rank`` and ``straggler`` (one
-    slow GPU or link) apply to multi-GPU jobs.
+    slow GPU or link) and ``comm_slowdown`` apply to multi-GPU jobs.
     """
     net = resolve_model(model, seq_len)
     if steps is None and tokens is None and epochs is None:
@@ -315,15 +322,16 @@ def estimate(
                                  sequence_parallel=sequence_parallel,
                                  overlap_grad_reduce=overlap_grad_reduce)
         pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing)
-        step = simulate_parallel_step(pjob, per_rank=per_rank, straggler=straggler)
+        step = simulate_parallel_step(pjob, per_rank=per_rank, straggler=straggler,
+                                      comm_slowdown=comm_slowdown)
         device: DeviceProfile = topo.gpu
-        assumptions = _parallel_assumptions(pjob, assumed, per_rank, straggler)
+        assumptions = _parallel_assumptions(pjob, assumed, per_rank, straggler, comm_slowdown)
     else:
         if gpu is None:
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
-        if per_rank or straggler is not None:
-            raise InvalidConfig("--per-rank, --straggler and --slow-link apply to multi-GPU "
-                                "jobs (give --num-gpus)")
+        if per_rank or straggler is not None or comm_slowdown:
+            raise InvalidConfig("--per-rank, --straggler, --slow-link and --comm-slowdown "
+                                "apply to multi-GPU jobs (give --num-gpus)")
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
         job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
                           checkpointing, frozen, loader_workers)

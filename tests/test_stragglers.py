@@ -1,4 +1,5 @@
-"""Per-rank simulation: every data-parallel replica simulated, and one slow GPU or link."""
+"""Per-rank simulation (every data-parallel replica, one slow GPU or link) and the slowdown
+of kernels that share the GPU with communication."""
 
 from __future__ import annotations
 
@@ -112,3 +113,19 @@ def test_trace_tracks_sort_numbers_as_numbers() -> None:
     trace = Trace(tuple(TraceEvent(n, "x", 0.0, 1.0, "forward") for n in names))
     assert trace.tracks() == ["compute", "stage 2 dp 3 compute", "stage 2 dp 10 compute",
                               "stage 10 compute"]
+
+
+def test_kernels_beside_a_collective_slow_down_by_the_fraction_given() -> None:
+    p = plan(data=16, microbatch_size=4)
+    base = simulate_pipeline(p, trace=False)
+    slowed = simulate_pipeline(p, comm_slowdown=0.2)
+    assert "comm_slowdown" not in base.breakdown_s
+    extra = slowed.breakdown_s["comm_slowdown"]
+    # At most a fifth of the time the gradient buckets were on the wire.
+    reducing = sum(e.duration_s for e in slowed.trace.events
+                   if e.category == "data_parallel_comm")
+    assert 0.0 < extra <= 0.2 * reducing
+    assert sum(slowed.breakdown_s.values()) == pytest.approx(slowed.step_time_s)
+    assert slowed.step_time_s > base.step_time_s
+    with pytest.raises(InvalidConfig, match="fraction"):
+        simulate_pipeline(p, trace=False, comm_slowdown=1.5)

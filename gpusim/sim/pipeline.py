@@ -34,6 +34,7 @@ from typing import Any
 
 import simpy
 
+from gpusim.errors import InvalidConfig
 from gpusim.plan.parallel import (
     DDP_BUCKET_BYTES,
     ChunkPlan,
@@ -47,7 +48,8 @@ from gpusim.sim.ranks import Straggler, rank_coords
 from gpusim.sim.trace import Trace, TraceEvent
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tensor_parallel_comm",
-                  "pipeline_bubble", "pipeline_comm", "data_parallel_comm", "optimizer")
+                  "pipeline_bubble", "pipeline_comm", "data_parallel_comm", "comm_slowdown",
+                  "optimizer")
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,17 @@ Key = tuple[int, str, int, int]  # (replica, pass kind, microbatch, virtual stag
 
 
 def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool = False,
-                      straggler: Straggler | None = None) -> PipelineResult:
+                      straggler: Straggler | None = None,
+                      comm_slowdown: float = 0.0) -> PipelineResult:
     """Simulate one step of ``plan`` from an empty pipeline to the last optimizer step.
 
     ``per_rank`` simulates every data-parallel replica rather than one; a ``straggler``
-    implies it."""
+    implies it. ``comm_slowdown``: the fraction by which kernels slow down while a
+    data-parallel collective runs beside them on the same GPU (NCCL's kernels take SMs and
+    memory bandwidth); 0 leaves compute alone."""
+    if not 0.0 <= comm_slowdown < 1.0:
+        raise InvalidConfig(f"the compute slowdown during communication is a fraction in "
+                            f"[0, 1) (got {comm_slowdown})")
     job = plan.job
     par = job.parallel
     pp, v, micro = par.pipeline, par.virtual_stages, plan.microbatches
@@ -96,6 +104,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     links = {(r, s, d): simpy.Resource(env, 1) for r, s in units for d in ("F", "B")}
     dp_streams = {u: simpy.Resource(env, 1) for u in units}
     stats = {u: _Unit() for u in units}
+    comm_spans: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     gates: dict[tuple[Any, ...], list[Any]] = {}  # collective -> [ranks arrived, start event]
     issued: dict[tuple[int, int, str], int] = defaultdict(int)
     p2p_s = plan.p2p_s
@@ -168,6 +177,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             yield req
             yield meet(("data", s, label, nth), replicas)
             start = env.now
+            comm_spans[unit].append((start, start + seconds))
             yield env.timeout(seconds)
             record(track(unit, "dp comm"), label, start, "data_parallel_comm")
 
@@ -237,12 +247,21 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
                     collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
                     pending += bucketed(unit, chunk, collective, start, length)
             yield env.timeout(length)
+            if comm_slowdown:
+                # Kernels that shared the GPU with a collective ran slower by that overlap.
+                overlap = sum(max(0.0, min(b, env.now) - max(a, start))
+                              for a, b in comm_spans[unit])
+                extra = comm_slowdown * overlap
+                yield env.timeout(extra)
+                length += extra
             if gathering is not None and not gathering.processed:
                 waited = env.now
                 yield gathering
                 info.acct["data_parallel_comm"] += env.now - waited
             info.busy += length
             tp = work.tp_comm_s * slow_link[unit]
+            info.acct["comm_slowdown"] += extra if comm_slowdown else 0.0
+            length -= extra if comm_slowdown else 0.0
             if t.kind == "F":
                 info.acct["forward"] += length - tp
             else:
@@ -295,7 +314,8 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     env.run(until=simpy.AllOf(env, procs))
     step = max(info.end for info in stats.values())
     critical = max(units, key=lambda u: (stats[u].end, -u[1], -u[0]))
-    breakdown = {key: stats[critical].acct.get(key, 0.0) for key in BREAKDOWN_KEYS}
+    breakdown = {key: stats[critical].acct.get(key, 0.0) for key in BREAKDOWN_KEYS
+                 if comm_slowdown or key != "comm_slowdown"}
     busy = sum(info.busy for info in stats.values()) / (len(units) * step) if step else 0.0
     passes = replicas * sum(len(schedule(par.schedule, s, pp, micro, v)) for s in range(pp))
     return PipelineResult(step, breakdown, busy, critical[1], passes, Trace(tuple(events)),
