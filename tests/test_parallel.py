@@ -24,6 +24,7 @@ from gpusim.plan.parallel import (
     tied_embedding_params,
 )
 from gpusim.plan.schedules import peak_in_flight, schedule
+from gpusim.plan.tensor_parallel import tp_collectives
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.validate.megatron import CASES, job_for, predict
 from gpusim.workload import zoo
@@ -93,6 +94,20 @@ def test_sequence_parallelism_cuts_activation_memory_not_weights() -> None:
     mem_sp = stage_memory(plan_parallel(sp), plan_parallel(sp).stages[0])
     assert mem_sp.activations < 0.6 * mem_plain.activations
     assert mem_sp.weights == mem_plain.weights
+
+
+def test_sequence_parallel_backward_regathers_inputs_beside_the_gemms() -> None:
+    qkv = next(la for la in GPT.layers if isinstance(la, Linear) and la.tp == "column")
+    assert tp_collectives(qkv, "backward", 4, 2, 8, True) == [
+        ("all_gather", 4 * qkv.rows * qkv.in_features * 2, "dgrad"),
+        ("reduce_scatter", 4 * qkv.rows * qkv.in_features * 2, "wgrad")]
+    assert [c for c, _, _ in tp_collectives(qkv, "backward", 4, 2, 8, False)] == [
+        "all_reduce"]
+    # The input gather and the gradient reduce-scatter hide behind the two GEMMs, so the
+    # backward pass exposes less communication than the forward pass under SP.
+    sp = plan_parallel(job(tensor=8, data=1, microbatch_size=8, batch=8,
+                           sequence_parallel=True)).stages[0].chunks[0]
+    assert 0.0 < sp.backward.tp_comm_s < sp.forward.tp_comm_s
 
 
 def test_zero_shards_states_gradients_and_weights_in_turn() -> None:

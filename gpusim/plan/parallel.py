@@ -15,6 +15,7 @@ the plan costs one representative rank per stage:
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
@@ -293,7 +294,9 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
     device = job.topology.gpu
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
     compute = recompute = comm = flops = active = 0.0
-    seen: set[tuple[str, str]] = set()
+    # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
+    gemm_s: dict[tuple[str, str], float] = defaultdict(float)
+    passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
     for op in ops:
         kc = kernel_cost(op, device, cal)
         cost = kc.seconds
@@ -303,14 +306,16 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
             recompute += cost
         else:
             flops += op.flops
-        key = (op.phase, op.layer)
-        if key in seen or op.layer not in layers:
-            continue
-        seen.add(key)
-        for collective, size in tp_collectives(layers[op.layer], op.phase, n, act,
-                                               job.parallel.tensor,
-                                               job.parallel.sequence_parallel):
-            comm += collective_seconds(collective, tp_group, size)
+        gemm_s[(op.layer, op.name.rsplit(".", 1)[-1])] += cost
+        if op.layer in layers:
+            passes.setdefault((op.phase, op.layer))
+    for phase, name in passes:
+        for collective, size, beside in tp_collectives(layers[name], phase, n, act,
+                                                       job.parallel.tensor,
+                                                       job.parallel.sequence_parallel):
+            seconds = collective_seconds(collective, tp_group, size)
+            hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
+            comm += max(0.0, seconds - hidden)
     return Work(compute, recompute, comm, host_per_op * len(ops), flops, len(ops), active)
 
 

@@ -4,13 +4,17 @@ its passes issue.
 A forward all-reduce follows every row-parallel layer and the vocabulary-parallel embedding;
 a backward all-reduce follows every column-parallel layer's input gradient. With sequence
 parallelism each all-reduce becomes a reduce-scatter plus an all-gather, and the layers
-between them (norms, dropout, residual adds) run on 1/t of the tokens.
+between them (norms, dropout, residual adds) run on 1/t of the tokens. A column-parallel
+layer then keeps only its sequence shard of the input, so its backward pass gathers the input
+again for the weight gradient, overlapped with the input-gradient GEMM, and reduce-scatters
+the input gradient overlapped with the weight-gradient GEMM (Korthikanti et al. 2022).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Literal
 
 from gpusim.comm.collectives import Collective
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
@@ -45,28 +49,35 @@ def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
     return layer
 
 
+Overlap = Literal["dgrad", "wgrad"] | None
+
+
 def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: bool
-                   ) -> list[tuple[Collective, float]]:
+                   ) -> list[tuple[Collective, float, Overlap]]:
     """Tensor-parallel collectives a layer's pass issues for ``n`` samples with ``act``-byte
-    activations: (collective, bytes of the full buffer as nccl-tests counts it)."""
+    activations: (collective, bytes of the full buffer as nccl-tests counts it, the layer's
+    GEMM it runs beside, or None when it sits on the critical path)."""
     if tensor == 1:
         return []
     if isinstance(layer, CrossEntropy) and layer.tp == "vocab" and phase != "backward":
         # Vocabulary-parallel cross-entropy: max, sum of exponentials and target logit.
-        return [("all_reduce", n * layer.rows * DTYPE_BYTES["fp32"])] * 3
+        return [("all_reduce", n * layer.rows * DTYPE_BYTES["fp32"], None)] * 3
     if isinstance(layer, Embedding) and layer.tp == "vocab":
         size = n * layer.rows * layer.dim * act
-        return [] if phase == "backward" else [("reduce_scatter" if sp else "all_reduce", size)]
+        return [] if phase == "backward" else [
+            ("reduce_scatter" if sp else "all_reduce", size, None)]
     if not isinstance(layer, Linear):
         return []
     if layer.tp == "row":
         size = n * layer.rows * layer.out_features * act
         if phase == "backward":
-            return [("all_gather", size)] if sp else []
-        return [("reduce_scatter" if sp else "all_reduce", size)]
+            return [("all_gather", size, None)] if sp else []
+        return [("reduce_scatter" if sp else "all_reduce", size, None)]
     if layer.tp in ("column", "vocab"):
         size = n * layer.rows * layer.in_features * act
         if phase == "backward":
-            return [("reduce_scatter" if sp else "all_reduce", size)]
-        return [("all_gather", size)] if sp else []
+            if sp:
+                return [("all_gather", size, "dgrad"), ("reduce_scatter", size, "wgrad")]
+            return [("all_reduce", size, None)]
+        return [("all_gather", size, None)] if sp else []
     return []
