@@ -15,6 +15,7 @@ from gpusim.cli import main
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.estimate import estimate, simulate_parallel_step
+from gpusim.explore.search import candidates
 from gpusim.hardware.catalog import load_gpu, load_system
 from gpusim.plan.parallel import (
     ParallelConfig,
@@ -338,3 +339,10 @@ def test_tied_embedding_gradients_are_all_reduced_between_first_and_last_stage()
                             32, ParallelConfig(tensor=2, pipeline=1, data=4,
                                                microbatch_size=2), "bf16")
     assert tied_embedding_params(one_stage) == 0
+
+
+def test_search_tries_every_virtual_stage_count_that_splits_the_blocks() -> None:
+    # 24 blocks over 4 stages: 6 per stage, so 2, 3 and 6 chunks per stage.
+    found = {c.virtual_stages for c, _ in candidates(GPT, Topology.build("dgx-a100", 16), 64)
+             if c.schedule == "interleaved" and c.pipeline == 4}
+    assert found == {2, 3, 6}

@@ -35,6 +35,9 @@ from gpusim.workload.model import Model
 
 MICROBATCHES = (1, 2, 4, 8, 16)
 RECOMPUTE: tuple[Checkpointing, ...] = ("none", "selective", "full")
+# Most model chunks per stage the search tries for interleaved 1F1B: V chunks cut the bubble
+# to (PP - 1) / V passes but send V times as many activations (SC'21 Table 1 ran V of 2-3).
+MAX_VIRTUAL_STAGES = 8
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,9 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
                     continue
                 micro = batch // (mb * dp)
                 schedules = [("1f1b", 1)]
-                if pp > 1 and micro % pp == 0 and blocks % (2 * pp) == 0:
-                    schedules.append(("interleaved", 2))
+                if pp > 1 and micro % pp == 0:  # Megatron-LM's condition for interleaving
+                    schedules += [("interleaved", v) for v in _divisors(blocks // pp)[1:]
+                                  if v <= MAX_VIRTUAL_STAGES]
                 zeros = (0, 1) if pp > 1 else (0, 1, 2, 3)
                 sps = (False, True) if tp > 1 else (False,)
                 for (sched, v), zero, sp, rec in itertools.product(schedules, zeros, sps,
