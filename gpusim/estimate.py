@@ -186,13 +186,16 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool
         out.append("data-parallel gradients reduced in 25 MiB buckets during the last backward "
                    "pass" if p.overlap_grad_reduce else
                    "data-parallel gradients reduced in one buffer after the last backward pass")
-    out.append("tensor-parallel collectives on the critical path (no overlap with compute); "
-               "collectives take the fastest NCCL algorithm for their size")
+    tp_overlap = ("; the backward pass's input gather and gradient reduce-scatter hide behind "
+                  "their layer's GEMMs" if p.sequence_parallel else " (no overlap with compute)")
+    out.append(f"tensor-parallel collectives on the critical path{tp_overlap}; collectives "
+               "take the fastest NCCL algorithm for their size")
     slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel collective "
                 "runs beside them" if comm_slowdown else
                 "no compute slowdown from communication kernels (--comm-slowdown)")
-    out.append(f"{_simulated_ranks(job, per_rank, straggler)}; links not shared between "
-               f"concurrent transfers of different groups; {slowdown}")
+    out.append(f"{_simulated_ranks(job, per_rank, straggler)}; pipeline transfers and "
+               "data-parallel collectives share a GPU's NIC when both leave the node; "
+               f"{slowdown}")
     out.append("synthetic input on the device (no loader)")
     out.append(_ENERGY)
     return out

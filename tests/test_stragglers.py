@@ -4,9 +4,12 @@ of kernels that share the GPU with communication."""
 from __future__ import annotations
 
 import json
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import simpy
 
 from gpusim.cli import main
 from gpusim.comm.topology import Topology
@@ -14,6 +17,7 @@ from gpusim.errors import InvalidConfig
 from gpusim.plan.parallel import ParallelConfig, ParallelJob, ParallelPlan, plan_parallel
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.sim.ranks import RankCoords, Straggler, rank_coords
+from gpusim.sim.shared_link import SharedLink
 from gpusim.sim.trace import Trace, TraceEvent
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
@@ -129,3 +133,33 @@ def test_kernels_beside_a_collective_slow_down_by_the_fraction_given() -> None:
     assert slowed.step_time_s > base.step_time_s
     with pytest.raises(InvalidConfig, match="fraction"):
         simulate_pipeline(p, trace=False, comm_slowdown=1.5)
+
+
+def test_transfers_sharing_a_link_move_at_a_share_of_its_rate() -> None:
+    env = simpy.Environment()
+    link = SharedLink(env)
+    ends: dict[str, float] = {}
+
+    def flow(name: str, at: float, seconds: float) -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(at)
+        yield from link.transfer(seconds)
+        ends[name] = env.now
+
+    # a runs alone for 0.5 s, then both at half rate until a is done at 1.5 s; b finishes
+    # its last 0.5 s alone at 2.0 s: the pair takes as long as back to back.
+    env.process(flow("a", 0.0, 1.0))
+    env.process(flow("b", 0.5, 1.0))
+    env.run()
+    assert ends == pytest.approx({"a": 1.5, "b": 2.0})
+    assert link.active == 0
+
+
+def test_pipeline_and_data_parallel_traffic_share_the_nic_when_both_leave_the_node() -> None:
+    p = plan(num_gpus=64, pipeline=2, data=32, microbatch_size=1)
+    assert p.groups["pipeline"].spans_nodes and p.groups["data"].spans_nodes
+    one = simulate_pipeline(p)
+    # A backward send that overlapped a gradient bucket on the wire took up to twice as long.
+    sends = [e.duration_s / p.p2p_s for e in one.trace.events if e.track.endswith("p2p")]
+    assert max(sends) > 1.5 and min(sends) == pytest.approx(1.0)
+    every = simulate_pipeline(p, trace=False, per_rank=True)
+    assert every.step_time_s == pytest.approx(one.step_time_s, rel=1e-9)

@@ -21,8 +21,10 @@ Data parallelism, by ZeRO stage:
 
 A collective starts when every rank of its group has reached it (data-parallel replicas of
 a stage; the first and last stage for tied embeddings), and runs at the pace of its slowest
-link. The step ends when every stage has finished its optimizer step. Every duration comes from the
-plan; the engine only schedules.
+link. Pipeline transfers and data-parallel collectives that both cross the network share each
+GPU's NIC while they overlap (``gpusim.sim.shared_link``); tensor-parallel collectives, inside
+the passes, share nothing. The step ends when every stage has finished its optimizer step.
+Every duration comes from the plan; the engine only schedules.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from gpusim.plan.parallel import (
 )
 from gpusim.plan.schedules import schedule
 from gpusim.sim.ranks import Straggler, rank_coords
+from gpusim.sim.shared_link import SharedLink
 from gpusim.sim.trace import Trace, TraceEvent
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tensor_parallel_comm",
@@ -105,6 +108,12 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     dp_streams = {u: simpy.Resource(env, 1) for u in units}
     stats = {u: _Unit() for u in units}
     comm_spans: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    # When pipeline transfers and data-parallel collectives both leave the node, they share
+    # the GPU's NIC (each GPU of a DGX-style node has its own): overlapping ones slow each
+    # other. Transfers load the sender's NIC; collectives every member's.
+    shared = (pp > 1 and par.data > 1 and plan.groups["pipeline"].spans_nodes
+              and plan.groups["data"].spans_nodes)
+    nics = {u: SharedLink(env) for u in units} if shared else {}
     gates: dict[tuple[Any, ...], list[Any]] = {}  # collective -> [ranks arrived, start event]
     issued: dict[tuple[int, int, str], int] = defaultdict(int)
     p2p_s = plan.p2p_s
@@ -156,7 +165,10 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         with links[(r, s, kind)].request() as req:
             yield req
             start = env.now
-            yield env.timeout(hop_s(r, s, target_stage))
+            if shared:
+                yield from nics[unit].transfer(hop_s(r, s, target_stage))
+            else:
+                yield env.timeout(hop_s(r, s, target_stage))
             record(track(unit, "p2p"), f"send {kind}{key[2]}", start, "pipeline_comm")
         event(arrived, key).succeed()
 
@@ -178,7 +190,11 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             yield meet(("data", s, label, nth), replicas)
             start = env.now
             comm_spans[unit].append((start, start + seconds))
-            yield env.timeout(seconds)
+            if shared:  # done when the member slowed most by its NIC's other traffic is
+                yield from nics[unit].transfer(seconds)
+                yield meet(("data done", s, label, nth), replicas)
+            else:
+                yield env.timeout(seconds)
             record(track(unit, "dp comm"), label, start, "data_parallel_comm")
 
     def bucketed(unit: tuple[int, int], chunk: ChunkPlan, collective: str, start: float,
