@@ -128,6 +128,9 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         slow_compute[(at.replica, at.stage)] = straggler.compute
         slow_link[(at.replica, at.stage)] = straggler.link
 
+    # A collective of a stage's replicas runs at the pace of its slowest member's link.
+    group_link = [max(slow_link[(q, s)] for q in range(replicas)) for s in range(pp)]
+
     def duration(work: Work, unit: tuple[int, int]) -> float:
         busy = work.compute_s * slow_compute[unit] + work.tp_comm_s * slow_link[unit]
         return max(busy, work.host_s)
@@ -184,7 +187,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         seconds = plan.collective_s(collective, "data", n_bytes)  # type: ignore[arg-type]
         if seconds == 0.0:
             return
-        seconds *= max(slow_link[(q, s)] for q in range(replicas))
+        seconds *= group_link[s]
         with dp_streams[unit].request() as req:
             yield req
             yield meet(("data", s, label, nth), replicas)
