@@ -192,7 +192,8 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             yield req
             yield meet(("data", s, label, nth), replicas)
             start = env.now
-            comm_spans[unit].append((start, start + seconds))
+            if comm_slowdown:
+                comm_spans[unit].append((start, start + seconds))
             if shared:  # done when the member slowed most by its NIC's other traffic is
                 yield from nics[unit].transfer(seconds)
                 yield meet(("data done", s, label, nth), replicas)
@@ -266,21 +267,20 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
                     collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
                     pending += bucketed(unit, chunk, collective, start, length)
             yield env.timeout(length)
+            extra = 0.0
             if comm_slowdown:
                 # Kernels that shared the GPU with a collective ran slower by that overlap.
                 overlap = sum(max(0.0, min(b, env.now) - max(a, start))
                               for a, b in comm_spans[unit])
                 extra = comm_slowdown * overlap
                 yield env.timeout(extra)
-                length += extra
             if gathering is not None and not gathering.processed:
                 waited = env.now
                 yield gathering
                 info.acct["data_parallel_comm"] += env.now - waited
-            info.busy += length
+            info.busy += length + extra
+            info.acct["comm_slowdown"] += extra
             tp = work.tp_comm_s * slow_link[unit]
-            info.acct["comm_slowdown"] += extra if comm_slowdown else 0.0
-            length -= extra if comm_slowdown else 0.0
             if t.kind == "F":
                 info.acct["forward"] += length - tp
             else:
