@@ -25,7 +25,9 @@ from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.sim.ranks import Straggler, rank_coords
 from gpusim.workload import formats, zoo
+from gpusim.workload.layers import Conv2d
 from gpusim.workload.model import Model
+from gpusim.workload.numerics import Numerics
 
 _ENERGY = ("energy: each device draws idle power, plus (TDP - idle) while a kernel works "
            "its bottleneck unit at the attainable rate (ramps, launch gaps, waits and exposed "
@@ -67,6 +69,16 @@ def training_steps(model: Model, batch_size: int, *, epochs: float | None = None
     return math.ceil(epochs * dataset_size / batch_size)
 
 
+def mfu_peak(device: DeviceProfile, model: Model, num: Numerics) -> float:
+    """The peak MFU is measured against: that of the fastest unit the job's math runs on.
+    PyTorch lets cuDNN run fp32 convolutions in TF32, so an fp32 CNN is held to the TF32
+    tensor-core peak, not the fp32 one it would exceed."""
+    maths = {num.matmul}
+    if any(isinstance(layer, Conv2d) for layer in model.layers):
+        maths.add(num.conv)
+    return max(device.peak_flops(m, matrix=True)[0] for m in maths)  # type: ignore[arg-type]
+
+
 def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> StepResult:
     """Simulate one optimizer step of ``job`` (raises OutOfMemory if it does not fit);
     ``calibration`` replaces the device's own, e.g. one fitted on another GPU."""
@@ -74,14 +86,13 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
     check_fits(job, mem)
     plan = lower(job, calibration)
     sim = simulate(plan, on_gpu=job.device.is_gpu)
-    peak, _ = job.device.peak_flops(job.numerics().matmul, matrix=True)  # type: ignore[arg-type]
     return StepResult(
         step_time_s=sim.step_time_s,
         breakdown_s=sim.breakdown_s,
         samples_per_step=job.batch_size,
         tokens_per_sample=job.model.tokens_per_sample,
         model_flops_per_step=plan.model_flops_per_step,
-        peak_flops=peak,
+        peak_flops=mfu_peak(job.device, job.model, job.numerics()),
         peak_memory_bytes=mem.peak_bytes,
         memory_breakdown_bytes=mem.breakdown(),
         kernels_per_step=sim.kernels_per_step,
@@ -129,8 +140,6 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
     check_fits_parallel(job, mems)
     sim = simulate_pipeline(plan, trace=trace, per_rank=per_rank, straggler=straggler,
                             comm_slowdown=comm_slowdown)
-    gpu = job.topology.gpu
-    peak, _ = gpu.peak_flops(job.whole.numerics().matmul, matrix=True)  # type: ignore[arg-type]
     worst = max(mems, key=lambda m: m.peak_bytes)
     kernels = sum(c.forward.kernels + c.backward.kernels for c in plan.stages[0].chunks)
     return StepResult(
@@ -139,7 +148,7 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
         samples_per_step=job.batch_size,
         tokens_per_sample=job.model.tokens_per_sample,
         model_flops_per_step=job.batch_size * job.model.training_flops_per_sample,
-        peak_flops=peak,
+        peak_flops=mfu_peak(job.topology.gpu, job.model, job.whole.numerics()),
         peak_memory_bytes=worst.peak_bytes,
         memory_breakdown_bytes=worst.breakdown(),
         kernels_per_step=kernels * job.microbatches,

@@ -24,7 +24,8 @@ class StepResult(BaseModel):
     samples_per_step: int
     tokens_per_sample: int | None
     model_flops_per_step: float
-    peak_flops: float = Field(description="datasheet peak of the unit the precision uses")
+    peak_flops: float = Field(
+        description="datasheet peak of the fastest unit the job's math uses (MFU's base)")
     peak_memory_bytes: float
     memory_breakdown_bytes: dict[str, float]
     kernels_per_step: int
@@ -149,7 +150,8 @@ class TrainingEstimate(BaseModel):
             f"(average {self.average_power_w:.0f} W per device)",
             f"  peak memory      {units.human_bytes(s.peak_memory_bytes):>14}"
             + (" per GPU" if self.num_gpus > 1 else ""),
-            f"  MFU              {100 * s.mfu:>13.1f} %",
+            f"  MFU              {100 * s.mfu:>13.1f} % of {s.peak_flops / 1e12:,.4g} TFLOP/s "
+            "peak" + (" per GPU" if self.num_gpus > 1 else ""),
             "",
             "  step breakdown",
         ]

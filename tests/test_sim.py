@@ -86,3 +86,14 @@ def test_cpu_device_runs_ops_on_the_host() -> None:
     step = simulate_step(TrainingJob(zoo.get("mnist-cnn"), cpus[0], 64, "fp32"))
     assert step.breakdown_s["host_dispatch"] > 0
     assert step.breakdown_s["forward"] + step.breakdown_s["backward"] > 0
+
+
+def test_mfu_of_an_fp32_cnn_is_against_the_tf32_peak_its_convolutions_use(
+        h100: GPUProfile) -> None:
+    job = TrainingJob(zoo.get("resnet50"), h100, 128, loader_workers=0)
+    step = simulate_step(job)
+    tf32, _ = h100.peak_flops("tf32", matrix=True)
+    assert step.peak_flops == tf32
+    assert 0 < step.mfu < 1
+    mlp = simulate_step(TrainingJob(zoo.get("mnist-mlp"), h100, 128, loader_workers=0))
+    assert mlp.peak_flops == h100.peak_flops("fp32", matrix=True)[0]  # no convolutions

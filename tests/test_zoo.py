@@ -77,3 +77,26 @@ def test_seq_len_changes_a_transformer_but_not_its_parameters() -> None:
 def test_unknown_model_suggests() -> None:
     with pytest.raises(UnknownModel, match="did you mean resnet50"):
         zoo.get("resnet5")
+
+
+@pytest.mark.parametrize("activation, element", [("fp16", 2), ("fp32", 4)])
+def test_dropout_mask_is_one_byte_whatever_the_data_type(activation: str, element: int) -> None:
+    from gpusim.workload.attention import Attention
+    from gpusim.workload.layers import dropout
+    from gpusim.workload.numerics import Numerics
+
+    num = Numerics(activation, activation, activation)
+    e = 1000
+    fwd, = dropout("d", e).forward(1, num)
+    bwd, = dropout("d", e).backward_input(1, num)
+    assert fwd.bytes == e * (2 * element + 1)  # read x; write y and the mask
+    assert bwd.bytes == e * (2 * element + 1)  # read dy and the mask; write dx
+    assert dropout("d", e).saved_bytes(1, num) == e
+
+    att = Attention("a", heads=2, head_dim=8, seq=16, fused=False, dropout=True)
+    plain = Attention("a", heads=2, head_dim=8, seq=16, fused=False)
+    scores = 2 * 16 * 16
+    # softmax output, bool mask, dropped probabilities (Korthikanti et al. 2022: 5 as^2b)
+    assert att.saved_bytes(1, num) - plain.saved_bytes(1, num) == scores * (element + 1)
+    drop = next(op for op in att.forward(1, num) if op.name.endswith("dropout"))
+    assert drop.bytes == scores * (2 * element + 1)

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
-from gpusim.estimate import check_fits_parallel, simulate_parallel_step
+from gpusim.estimate import check_fits_parallel, mfu_peak, simulate_parallel_step
 from gpusim.plan.job import Checkpointing, Optimizer, TrainingPrecision
 from gpusim.plan.parallel import (
     ParallelConfig,
@@ -190,8 +190,7 @@ def search(model: Model, topology: Topology, batch: int, *,
             seconds, peak = step.step_time_s, step.peak_memory_bytes
             mfu = step.mfu
         else:
-            gpu_peak, _ = topology.gpu.peak_flops(job.whole.numerics().matmul,  # type: ignore[arg-type]
-                                                  matrix=True)
+            gpu_peak = mfu_peak(topology.gpu, model, job.whole.numerics())
             mfu = flops / seconds / (gpu_peak * topology.num_gpus)
         ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu))
     ranked.sort(key=lambda r: r.step_time_s)

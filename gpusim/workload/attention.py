@@ -61,7 +61,8 @@ class Attention(Layer):
         ops = self._score_gemms(n, ("qk",), num)
         ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
         if self.dropout:
-            ops.append(memory_op(f"{self.name}.dropout", scores, 1.25 * scores, num.act_bytes))
+            ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
+                                 mask_written=scores))
         ops += self._score_gemms(n, ("av",), num)
         return self._tag(ops)
 
@@ -75,8 +76,8 @@ class Attention(Layer):
         scores = n * self.heads * self.seq**2
         ops = self._score_gemms(n, ("dv", "dp"), num)
         if self.dropout:
-            ops.append(memory_op(f"{self.name}.dropout_bwd", 1.25 * scores, scores,
-                                 num.act_bytes))
+            ops.append(memory_op(f"{self.name}.dropout_bwd", scores, scores, num.act_bytes,
+                                 mask_read=scores))
         ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores, num.act_bytes, 3))
         ops += self._score_gemms(n, ("dq", "dk"), num)
         return self._tag(ops)
@@ -89,7 +90,10 @@ class Attention(Layer):
         saved = self.io_bytes(n, num)
         if not self.fused:
             scores = n * self.heads * self.seq**2
-            saved += scores * num.act_bytes * (1 + (0.25 if self.dropout else 0))
+            # softmax output, and with dropout its bool mask and the dropped probabilities that
+            # the AV product keeps (5 bytes an element in fp16, Korthikanti et al. 2022)
+            kept = num.act_bytes + (num.act_bytes + 1 if self.dropout else 0)
+            saved += scores * kept
         else:
             saved += n * self.heads * self.seq * 4  # fp32 log-sum-exp per row
         return saved

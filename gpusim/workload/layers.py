@@ -203,6 +203,7 @@ class Elementwise(Layer):
     op: str = ""
     args: tuple[int, ...] = ()
     inplace: bool = False  # writes over its input: no new tensor
+    mask: float = 0.0  # one-byte mask elements written in forward, read in backward (dropout)
 
     def tensor_sizes(self) -> list[int]:
         if self.op in ("batch_norm", "layer_norm"):  # weight and bias
@@ -221,7 +222,7 @@ class Elementwise(Layer):
         e = n * self.elements
         return self._tag([memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e,
                                     num.act_bytes, self.flops_per_element,
-                                    allocates=not self.inplace)])
+                                    allocates=not self.inplace, mask_written=self.mask * e)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         if not self.has_backward_kernel:
@@ -229,7 +230,7 @@ class Elementwise(Layer):
         e = n * self.elements
         return self._tag([memory_op(f"{self.name}.bwd", self.bwd_reads * e,
                                     self.bwd_writes * e, num.act_bytes,
-                                    2 * self.flops_per_element)])
+                                    2 * self.flops_per_element, mask_read=self.mask * e)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         size = self.saved_element_bytes or num.act_bytes
@@ -254,9 +255,10 @@ def swiglu(name: str, elements: int, *, block: str = "") -> Elementwise:
 
 
 def dropout(name: str, elements: int, *, block: str = "") -> Elementwise:
-    """Keeps a one-byte mask; writes the mask in forward, reads it in backward."""
-    return Elementwise(name, elements, writes=1.25, bwd_reads=1.25, saves=1,
-                       saved_element_bytes=1, block=block, op="dropout")
+    """Keeps a bool mask (one byte an element whatever the data type); writes the mask in
+    forward, reads it in backward."""
+    return Elementwise(name, elements, bwd_reads=1, mask=1, saves=1, saved_element_bytes=1,
+                       block=block, op="dropout")
 
 
 def residual_add(name: str, elements: int, *, block: str = "") -> Elementwise:

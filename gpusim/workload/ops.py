@@ -81,18 +81,21 @@ def gemm_op(name: str, shape: GemmShape, math: str, element_bytes: float,
 
 
 def memory_op(name: str, elements_read: float, elements_written: float, element_bytes: float,
-              flops_per_element: float = 1.0, *, allocates: bool = True) -> Op:
+              flops_per_element: float = 1.0, *, allocates: bool = True,
+              mask_read: float = 0.0, mask_written: float = 0.0) -> Op:
     """An elementwise, normalization, reduction or copy kernel: bound by the bytes it moves.
 
     ``flops_per_element`` counts arithmetic per element written; it matters only on devices
     whose arithmetic is slow next to their memory (CPUs with narrow SIMD). ``allocates``:
-    the written elements are a new tensor (False for in-place ops).
+    the written elements are a new tensor (False for in-place ops). ``mask_read`` and
+    ``mask_written`` count one-byte elements (a dropout mask is bool whatever the data type).
     """
+    written = element_bytes * elements_written + mask_written
     return Op(
         name,
         "memory",
         flops_per_element * elements_written,
-        element_bytes * (elements_read + elements_written),
+        element_bytes * elements_read + mask_read + written,
         "fp32",
-        alloc_bytes=element_bytes * elements_written if allocates else 0.0,
+        alloc_bytes=written if allocates else 0.0,
     )
