@@ -46,10 +46,12 @@ class UnsupportedPrecision(InvalidConfig):
 class OutOfMemory(GpusimError):
     """The job does not fit in device memory; the message carries the breakdown and advice."""
 
-    def __init__(self, message: str, *, required_bytes: float, available_bytes: float) -> None:
+    def __init__(self, message: str, *, required_bytes: float, available_bytes: float,
+                 peak_bytes: float) -> None:
         super().__init__(message)
-        self.required_bytes = required_bytes
+        self.required_bytes = required_bytes  # peak plus what the framework reserves
         self.available_bytes = available_bytes
+        self.peak_bytes = peak_bytes  # allocated peak, as a job that fits reports it
 
 
 class InvalidMeasurement(GpusimError):

@@ -125,6 +125,7 @@ def check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
         f"on {where} but {job.topology.gpu.name} has {units.human_bytes(mem.usable_bytes)} "
         f"usable ({parts}); try {', '.join(advice)}",
         required_bytes=mem.required_bytes, available_bytes=mem.usable_bytes,
+        peak_bytes=mem.peak_bytes,
     )
 
 

@@ -128,6 +128,8 @@ def test_infeasible_points_are_answers() -> None:
     oom = rows["bf16", 1, 1]
     assert not oom["fits"] and oom["error"].startswith("OutOfMemory: ")
     assert oom["peak_memory_bytes"] > 2**30 and oom["step_time_s"] is None
+    # the same measure whether it fits: the allocated peak, not the peak plus the CUDA context
+    assert oom["peak_memory_bytes"] == rows["bf16", 80, 1]["peak_memory_bytes"]
     assert "\n" not in oom["error"]
     assert rows["fp8", 80, 1]["error"].startswith("UnsupportedPrecision: ")
     assert rows["bf16", 80, 3]["error"].startswith("InvalidConfig: batch size 8 is not "

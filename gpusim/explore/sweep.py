@@ -120,7 +120,7 @@ def run_point(settings: dict[str, Any]) -> dict[str, Any]:
             raise InvalidConfig("gpu.FIELD values need a --gpu to change")
         result = estimate(**kwargs)
     except OutOfMemory as exc:
-        return _failed(exc, exc.required_bytes)
+        return _failed(exc, exc.peak_bytes)  # the same measure as points that fit
     except GpusimError as exc:
         return _failed(exc, None)
     step = result.step

@@ -150,4 +150,5 @@ def check_fits(job: TrainingJob, plan: MemoryPlan) -> None:
         f"{units.human_bytes(plan.usable_bytes)} usable ({parts}); try {', '.join(advice)}",
         required_bytes=plan.required_bytes,
         available_bytes=plan.usable_bytes,
+        peak_bytes=plan.peak_bytes,
     )
