@@ -148,7 +148,7 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
         breakdown_s=sim.breakdown_s,
         samples_per_step=job.batch_size,
         tokens_per_sample=job.model.tokens_per_sample,
-        model_flops_per_step=job.batch_size * job.model.training_flops_per_sample,
+        model_flops_per_step=job.batch_size * job.model_flops_per_sample,
         peak_flops=mfu_peak(job.topology.gpu, job.model, job.whole.numerics()),
         peak_memory_bytes=worst.peak_bytes,
         memory_breakdown_bytes=worst.breakdown(),
@@ -192,6 +192,12 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool
     else:
         out.append(f"PyTorch DDP with autocast: matrix products in {num.matmul}, fp32 weights "
                    "and gradients")
+    if job.frozen:
+        trains = job.trainable_params(job.model.layers)
+        total = job.model.parameters
+        out.append(f"frozen: {', '.join(job.frozen)}; {units.human_count(trains)} of "
+                   f"{units.human_count(total)} parameters train, and only their gradients "
+                   "are computed, reduced and stepped")
     if p.data > 1 and p.zero <= 1:
         out.append("data-parallel gradients reduced in 25 MiB buckets during the last backward "
                    "pass" if p.overlap_grad_reduce else
@@ -326,15 +332,14 @@ def estimate(
     parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
                 or microbatch_size is not None)
     if parallel:
-        if frozen:
-            raise InvalidConfig("--freeze applies to single-device jobs for now")
         topo, assumed = resolve_topology(gpu, system, num_gpus)
         config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp,
                                  microbatch_size=microbatch_size, grad_accum=grad_accum,
                                  schedule=schedule, virtual_stages=virtual_stages, zero=zero,
                                  sequence_parallel=sequence_parallel,
                                  overlap_grad_reduce=overlap_grad_reduce)
-        pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing)
+        pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
+                           frozen=frozen)
         step = simulate_parallel_step(pjob, per_rank=per_rank, straggler=straggler,
                                       comm_slowdown=comm_slowdown)
         device: DeviceProfile = topo.gpu

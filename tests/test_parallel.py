@@ -346,3 +346,54 @@ def test_search_tries_every_virtual_stage_count_that_splits_the_blocks() -> None
     found = {c.virtual_stages for c, _ in candidates(GPT, Topology.build("dgx-a100", 16), 64)
              if c.schedule == "interleaved" and c.pipeline == 4}
     assert found == {2, 3, 6}
+
+
+# --- frozen layers -----------------------------------------------------------------------
+
+
+def test_frozen_layers_under_data_parallelism_reduce_and_step_only_what_trains() -> None:
+    resnet = zoo.get("resnet50")
+    topo = Topology.build("dgx-a100", 8)
+    config = ParallelConfig(data=8, microbatch_size=32, overlap_grad_reduce=False)
+    backbone = ("conv1", "bn1", "layer1", "layer2", "layer3")
+    full = ParallelJob(resnet, topo, 256, config, "bf16")
+    part = replace(full, frozen=backbone)
+    trains = part.trainable_params(resnet.layers)
+    assert 0 < trains < resnet.parameters == full.trainable_params(resnet.layers)
+    fast, slow = simulate_parallel_step(part), simulate_parallel_step(full)
+    assert fast.step_time_s < slow.step_time_s
+    # one all-reduce after backward, of the trained gradients only
+    plan = plan_parallel(part)
+    assert fast.breakdown_s["data_parallel_comm"] == pytest.approx(
+        plan.collective_s("all_reduce", "data", trains * part.whole.grad_bytes), rel=1e-6)
+    # optimizer states only for what trains; MFU counts only the backward that runs
+    assert stage_memory(plan, plan.stages[0]).optimizer_states == pytest.approx(8 * trains)
+    assert part.model_flops_per_sample < full.model_flops_per_sample
+    assert 0 < fast.mfu < 1
+    with pytest.raises(InvalidConfig, match="matches no layer"):
+        replace(full, frozen=("nosuch",))
+
+
+def test_a_frozen_prefix_may_end_in_any_pipeline_stage() -> None:
+    whole = job(8, 64, tensor=2, pipeline=2, data=2, microbatch_size=4)
+    # frozen past the stage boundary at block 12
+    part = replace(whole, frozen=("embed", *(f"h.{i}" for i in range(14))))
+    plan = plan_parallel(part)
+    first, second = plan.stages
+    assert first.trainable_params == 0 < second.trainable_params
+    # the tied head's copy on the last stage trains only while the embedding does
+    assert tied_embedding_params(part) == 0
+    step = simulate_parallel_step(part)
+    assert step.step_time_s < simulate_parallel_step(whole).step_time_s
+
+
+def test_a_tied_head_computes_its_weight_gradient_unless_its_embedding_is_frozen() -> None:
+    from gpusim.plan.job import TrainingJob
+    from gpusim.plan.lower import microbatch_ops
+
+    gpt2 = zoo.get("gpt2")
+    gpu = load_gpu("h100-sxm")
+    names = {op.name for op in microbatch_ops(TrainingJob(gpt2, gpu, 4, "bf16"))}
+    assert "head.vocab.wgrad" in names
+    frozen = TrainingJob(gpt2, gpu, 4, "bf16", frozen=("embed",))
+    assert "head.vocab.wgrad" not in {op.name for op in microbatch_ops(frozen)}

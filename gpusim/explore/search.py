@@ -129,26 +129,27 @@ def closed_form_step(plan: ParallelPlan) -> float:
         st = plan.stages[0]
         fwd = sum(c.forward.duration_s for c in st.chunks)
         bwd = sum(c.backward.duration_s for c in st.chunks)
-        rs = plan.collective_s("reduce_scatter", "data", st.params * grad)
+        rs = plan.collective_s("reduce_scatter", "data", st.trainable_params * grad)
         ag = plan.collective_s("all_gather", "data", st.params * weight) if p.zero == 3 else 0.0
         step = m * (max(fwd, ag) + max(bwd, ag + rs)) + optimizer
         if p.zero == 3:
             block = max(c.largest_block_params for c in st.chunks)
             return step + plan.collective_s("all_gather", "data", block * weight)
-        return step + plan.collective_s("all_gather", "data", st.params * weight)
+        return step + plan.collective_s("all_gather", "data", st.trainable_params * weight)
     per_stage = [sum(c.forward.duration_s + c.backward.duration_s for c in st.chunks)
                  for st in plan.stages]
     slowest = max(per_stage)
     pipeline = m * slowest + (stages - 1) * slowest / v + 2 * (stages - 1) * plan.p2p_s
-    worst = max(plan.stages, key=lambda st: st.params)
+    worst = max(plan.stages, key=lambda st: st.trainable_params)
     exposed = 0.0
     if p.data > 1:
         last_backward = max(c.backward.duration_s for c in worst.chunks)
         reduce = plan.collective_s("reduce_scatter" if p.zero else "all_reduce", "data",
-                                   worst.params * grad)
+                                   worst.trainable_params * grad)
         exposed = max(0.0, reduce - last_backward) if p.overlap_grad_reduce else reduce
         if p.zero:
-            exposed += plan.collective_s("all_gather", "data", worst.params * weight)
+            exposed += plan.collective_s("all_gather", "data",
+                                         worst.trainable_params * weight)
     tied = tied_embedding_params(job)
     if tied:
         exposed += plan.collective_s("all_reduce", "embedding", tied * grad)

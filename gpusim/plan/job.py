@@ -12,6 +12,7 @@ from typing import Literal
 
 from gpusim.errors import InvalidConfig, UnsupportedPrecision
 from gpusim.hardware.profile import DeviceProfile
+from gpusim.workload.layers import Layer
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
 
@@ -100,6 +101,15 @@ class TrainingJob:
 
     def is_trainable(self, layer_name: str) -> bool:
         return not any(layer_name == p or layer_name.startswith(p + ".") for p in self.frozen)
+
+    def trains_weights(self, layer: Layer) -> bool:
+        """Whether backward computes ``layer``'s weight gradient: it has weights, its own or
+        tied to another layer's (a GPT head tied to the token embedding), and neither it
+        nor the layer it is tied to is frozen."""
+        tied = getattr(layer, "tied_to", "")
+        if not (layer.params or tied):
+            return False
+        return self.is_trainable(layer.name) and (not tied or self.is_trainable(tied))
 
     def numerics(self) -> Numerics:
         """Resolve the training precision against the device, as PyTorch would run it."""

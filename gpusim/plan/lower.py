@@ -84,7 +84,7 @@ def _first_trainable(job: TrainingJob) -> int:
     if job.input_requires_grad:
         return -1
     for i, layer in enumerate(job.model.layers):
-        if layer.params and job.is_trainable(layer.name):
+        if job.trains_weights(layer):
             return i
     return len(job.model.layers)
 
@@ -141,7 +141,7 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
             ops += _forward_ops(layer, job, num, "recompute")
         if i > first:
             ops += [op.with_phase("backward") for op in layer.backward_input(n, num)]
-        if layer.params and job.is_trainable(layer.name):
+        if job.trains_weights(layer):
             ops += [op.with_phase("backward") for op in _weight_grad_ops(layer, job, num)]
     return ops
 

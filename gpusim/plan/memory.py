@@ -79,8 +79,7 @@ def activation_split(job: TrainingJob) -> tuple[float, float]:
     layers = job.model.layers
     num = job.numerics()
     n = job.microbatch_size
-    first = next((i for i, lay in enumerate(layers)
-                  if lay.params and job.is_trainable(lay.name)), len(layers))
+    first = next((i for i, lay in enumerate(layers) if job.trains_weights(lay)), len(layers))
     kept = layers[0 if job.input_requires_grad else first:]  # frozen prefix: no autograd
     if job.checkpointing == "none":
         return sum(lay.saved_bytes(n, num) for lay in kept), 0.0

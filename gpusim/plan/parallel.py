@@ -34,6 +34,7 @@ from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
 from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
+from gpusim.workload.numerics import FP32
 from gpusim.workload.ops import Op
 
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
@@ -94,7 +95,9 @@ class ParallelConfig:
 
     def describe(self) -> str:
         text = (f"TP {self.tensor} x PP {self.pipeline} x DP {self.data}, microbatch "
-                f"{self.microbatch_size}, {self.schedule}")
+                f"{self.microbatch_size}")
+        if self.pipeline > 1:  # a schedule orders the stages; one stage has nothing to order
+            text += f", {self.schedule}"
         if self.virtual_stages > 1:
             text += f" ({self.virtual_stages} virtual stages)"
         if self.zero:
@@ -117,6 +120,7 @@ class ParallelJob:
     checkpointing: Checkpointing = "none"
     # None: Megatron-LM semantics under tensor or pipeline parallelism, PyTorch's otherwise.
     megatron: bool | None = None
+    frozen: tuple[str, ...] = ()  # layer-name prefixes whose weights do not train
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -138,7 +142,7 @@ class ParallelJob:
             )
         if p.tensor > 1 or p.pipeline > 1:
             _check_splits(self.model, p)
-        _ = self.whole  # checks precision against the GPU, checkpointing, ...
+        _ = self.whole  # checks precision against the GPU, checkpointing, frozen names, ...
 
     @property
     def microbatches(self) -> int:
@@ -161,10 +165,37 @@ class ParallelJob:
 
     def stage_job(self, model: Model, *, first: bool = True) -> TrainingJob:
         """A single-device job for one microbatch of a stage's layers."""
+        # A stage is told only the prefixes among its layers; the whole model checks them all.
+        names = [layer.name for layer in model.layers]
+        frozen = self.frozen if model is self.model else tuple(
+            f for f in self.frozen if any(n == f or n.startswith(f + ".") for n in names))
         return TrainingJob(model, self.topology.gpu, self.parallel.microbatch_size,
-                           self.precision, 1, self.optimizer, self.checkpointing,
+                           self.precision, 1, self.optimizer, self.checkpointing, frozen,
                            loader_workers=0, master_weights=self.master_weights,
                            input_requires_grad=not first)
+
+    @cached_property
+    def model_flops_per_sample(self) -> float:
+        """Model FLOPs of one sample, forward and backward; with layers frozen, only the
+        backward that runs: no weight gradients for them, no input gradients before the
+        first layer that trains."""
+        if not self.frozen:
+            return self.model.training_flops_per_sample
+        layers, whole = self.model.layers, self.whole
+        first = next((i for i, la in enumerate(layers) if whole.trains_weights(la)), len(layers))
+        total = 0.0
+        for i, layer in enumerate(layers):
+            ops = layer.forward(1, FP32)
+            if i > first:
+                ops += layer.backward_input(1, FP32)
+            if whole.trains_weights(layer):
+                ops += layer.backward_weight(1, FP32)
+            total += sum(op.flops for op in ops)
+        return total
+
+    def trainable_params(self, layers: tuple[Layer, ...] | list[Layer]) -> int:
+        """Parameters of ``layers`` that train: what gradients are reduced and stepped for."""
+        return sum(la.params for la in layers if self.whole.trains_weights(la))
 
 
 def _check_splits(model: Model, p: ParallelConfig) -> None:
@@ -241,6 +272,7 @@ class ChunkPlan:
     saved_bytes: float  # activations it keeps for backward per microbatch
     working_bytes: float  # what full recompute re-creates, one block at a time
     params: int  # on this rank
+    trainable_params: int  # on this rank, not frozen: what its gradients reduce
     largest_block_params: int  # what ZeRO-3 gathers at once
     model_flops: float  # forward and backward, recompute not counted
 
@@ -253,6 +285,10 @@ class StagePlan:
     chunks: tuple[ChunkPlan, ...]
     optimizer_s: float
     params: int
+
+    @property
+    def trainable_params(self) -> int:
+        return sum(c.trainable_params for c in self.chunks)
 
 
 @dataclass(frozen=True)
@@ -357,8 +393,8 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Ca
     for la in layers:
         blocks[la.block or la.name] = blocks.get(la.block or la.name, 0) + la.params
     return ChunkPlan(index, layers, forward, backward, out, kept, working,
-                     sum(la.params for la in layers), max(blocks.values()),
-                     forward.flops + backward.flops)
+                     sum(la.params for la in layers), job.trainable_params(layers),
+                     max(blocks.values()), forward.flops + backward.flops)
 
 
 def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
@@ -378,7 +414,8 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     plans = []
     for index, layers in enumerate(layer_chunks):
         # Middle chunks hold identical blocks under different names: cost one of each shape.
-        key = (shape, min(index, 1), tuple(replace(la, name="", block="") for la in layers))
+        key = (shape, min(index, 1), tuple((replace(la, name="", block=""),
+                                            job.whole.trains_weights(la)) for la in layers))
         if key not in cache:
             cache[key] = _chunk_plan(index, layers, job, cal, host_per_op)
         plans.append(replace(cache[key], index=index, layers=layers))
@@ -408,7 +445,8 @@ def tied_embedding_params(job: ParallelJob) -> int:
     if job.parallel.pipeline == 1:
         return 0
     _, _, tail = partition_blocks(job.model)
-    tied = [la for la in tail if isinstance(la, Linear) and la.shared]
+    tied = [la for la in tail if isinstance(la, Linear) and la.shared
+            and job.whole.trains_weights(la)]
     return sum(shard_layer(replace(la, shared=False), job.parallel.tensor, False).params
                for la in tied)
 

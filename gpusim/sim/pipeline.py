@@ -204,7 +204,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     def bucketed(unit: tuple[int, int], chunk: ChunkPlan, collective: str, start: float,
                  length: float) -> list[simpy.Process]:
         """Gradient buckets become ready evenly through a backward pass of ``length``."""
-        total = chunk.params * grad_bytes
+        total = chunk.trainable_params * grad_bytes
         if total == 0 or par.data == 1:
             return []
         count = max(1, math.ceil(total / DDP_BUCKET_BYTES))
@@ -301,7 +301,8 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         backward_end = env.now
         if par.data > 1 and par.zero <= 1 and not par.overlap_grad_reduce:
             collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
-            pending.append(env.process(reduce(unit, collective, st.params * grad_bytes,
+            pending.append(env.process(reduce(unit, collective,
+                                              st.trainable_params * grad_bytes,
                                               f"{collective} gradients")))
         yield simpy.AllOf(env, pending)
         info.acct["data_parallel_comm"] += env.now - backward_end
@@ -324,8 +325,8 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         record(track(unit, "compute"), "optimizer step", start, "optimizer")
         if par.data > 1 and par.zero in (1, 2):
             start = env.now
-            yield env.process(reduce(unit, "all_gather", st.params * weight_bytes,
-                                     "all_gather weights"))
+            yield env.process(reduce(unit, "all_gather", st.trainable_params * weight_bytes,
+                                     "all_gather updated weights"))
             info.acct["data_parallel_comm"] += env.now - start
         info.end = env.now
 

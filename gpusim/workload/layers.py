@@ -76,6 +76,7 @@ class Linear(Layer):
     rows: int = 1
     bias: bool = True
     shared: bool = False  # weights tied to another layer's (a GPT-2 head): computed, not counted
+    tied_to: str = ""  # the layer whose weights a shared layer uses
     # The input is kept split over this many ranks and gathered again for the weight
     # gradient (Megatron-LM sequence parallelism keeps 1/t of a column-parallel input).
     input_shards: int = 1

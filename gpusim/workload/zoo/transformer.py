@@ -129,7 +129,8 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
                    gelu("head.act", s * h, block="head"),
                    norm("head.norm", h, s, block="head")]
     layers.append(Linear("head.vocab", h, cfg.vocab, s, bias=cfg.kind == "encoder",
-                         shared=cfg.tied_embeddings, block="head", tp="vocab"))
+                         shared=cfg.tied_embeddings, block="head", tp="vocab",
+                         tied_to="embed.tokens" if cfg.tied_embeddings else ""))
     layers.append(CrossEntropy("loss", cfg.vocab, s, block="head", tp="vocab"))
     tokens = InputSpec(8 * s, 2e-6 * s / 1024, "pre-tokenized int64 ids read from memory")
     return Model(cfg.name, tuple(layers), tokens, "transformer", tokens_per_sample=s,
