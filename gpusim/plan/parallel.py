@@ -414,8 +414,9 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     plans = []
     for index, layers in enumerate(layer_chunks):
         # Middle chunks hold identical blocks under different names: cost one of each shape.
-        key = (shape, min(index, 1), tuple((replace(la, name="", block=""),
-                                            job.whole.trains_weights(la)) for la in layers))
+        trains = tuple(job.whole.trains_weights(la) for la in layers) if job.frozen else ()
+        key = (shape, min(index, 1), trains,
+               tuple(replace(la, name="", block="") for la in layers))
         if key not in cache:
             cache[key] = _chunk_plan(index, layers, job, cal, host_per_op)
         plans.append(replace(cache[key], index=index, layers=layers))
