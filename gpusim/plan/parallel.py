@@ -34,7 +34,6 @@ from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
 from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
-from gpusim.workload.numerics import FP32
 from gpusim.workload.ops import Op
 
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
@@ -181,17 +180,7 @@ class ParallelJob:
         first layer that trains."""
         if not self.frozen:
             return self.model.training_flops_per_sample
-        layers, whole = self.model.layers, self.whole
-        first = next((i for i, la in enumerate(layers) if whole.trains_weights(la)), len(layers))
-        total = 0.0
-        for i, layer in enumerate(layers):
-            ops = layer.forward(1, FP32)
-            if i > first:
-                ops += layer.backward_input(1, FP32)
-            if whole.trains_weights(layer):
-                ops += layer.backward_weight(1, FP32)
-            total += sum(op.flops for op in ops)
-        return total
+        return self.model.training_flops(self.whole.trains_weights)
 
     def trainable_params(self, layers: tuple[Layer, ...] | list[Layer]) -> int:
         """Parameters of ``layers`` that train: what gradients are reduced and stepped for."""

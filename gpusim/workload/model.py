@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -49,10 +50,22 @@ class Model:
     @cached_property
     def training_flops_per_sample(self) -> float:
         """Forward plus full backward (input and weight gradients) for one sample."""
+        return self.training_flops()
+
+    def training_flops(self, trains: Callable[[Layer], bool] | None = None) -> float:
+        """Forward plus backward FLOPs of one sample. With ``trains`` (whose weights train),
+        weight gradients for those layers only, and input gradients only after the first of
+        them: a frozen prefix needs none."""
+        layers = self.layers
+        first = -1 if trains is None else next(
+            (i for i, layer in enumerate(layers) if trains(layer)), len(layers))
         total = 0.0
-        for layer in self.layers:
-            ops = layer.forward(1, FP32) + layer.backward_input(1, FP32)
-            ops += layer.backward_weight(1, FP32)
+        for i, layer in enumerate(layers):
+            ops = layer.forward(1, FP32)
+            if i > first:
+                ops += layer.backward_input(1, FP32)
+            if trains is None or trains(layer):
+                ops += layer.backward_weight(1, FP32)
             total += sum(op.flops for op in ops)
         return total
 
