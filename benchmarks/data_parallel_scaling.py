@@ -33,15 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dev_cases import DEFAULT, GPUS, PRECISIONS
+from dev_cases import DEFAULT, GPUS, PRECISIONS, SYSTEMS
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
 from gpusim.estimate import resolve_model, simulate_parallel_step
 from gpusim.hardware.catalog import load_gpu, load_system
 from gpusim.plan.parallel import ParallelConfig, ParallelJob
-
-SYSTEMS = {"DGX A100": "dgx-a100", "DGX-1": "dgx-1"}  # hardware text -> system profile
 
 
 @dataclass(frozen=True)

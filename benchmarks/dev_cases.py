@@ -22,6 +22,7 @@ from gpusim.estimate import estimate
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "dev_cases.yaml"
 GPUS = {"A100 80GB": "a100-80gb", "A100 40GB": "a100-40gb", "V100 16GB": "v100-sxm2-16gb",
         "V100 32GB": "v100-sxm2-32gb"}
+SYSTEMS = {"DGX A100": "dgx-a100", "DGX-1": "dgx-1"}  # hardware text -> system profile
 PRECISIONS = {"TF32": "tf32", "AMP": "fp16", "FP16": "fp16", "FP16 mixed": "fp16", "FP32": "fp32"}
 SQUAD_SEQ_LEN = 384  # DeepLearningExamples run_squad.sh default max_seq_length
 

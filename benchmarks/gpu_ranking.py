@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dev_cases import DEFAULT, GPUS, PRECISIONS, _case
+from dev_cases import DEFAULT, GPUS, PRECISIONS, SYSTEMS, _case
 
 from gpusim.errors import GpusimError, InvalidMeasurement
 from gpusim.estimate import estimate
@@ -41,7 +41,6 @@ from gpusim.validate.compare import CaseRow, validate_all
 from gpusim.validate.megatron import CASES, MegatronCase, predict
 from gpusim.validate.ranking import RankingSummary, ThroughputRow, rank
 
-SYSTEMS = {"DGX A100": "dgx-a100", "DGX-1": "dgx-1"}  # hardware text -> system profile
 FAR_OFF = 0.20  # a pair's predicted speed ratio this far from the measured one is flagged
 
 

@@ -26,6 +26,11 @@ Checkpointing = Literal["none", "selective", "full"]
 CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 
 
+def in_prefix(name: str, prefix: str) -> bool:
+    """Whether layer ``name`` is ``prefix`` or inside it ("h.1" holds "h.1.mlp", not "h.10")."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     """One optimizer step's worth of work on one device.
@@ -72,7 +77,7 @@ class TrainingJob:
             raise InvalidConfig(f"loader workers must be 0 or more (got {self.loader_workers})")
         names = [layer.name for layer in self.model.layers]
         for prefix in self.frozen:
-            if not any(n == prefix or n.startswith(prefix + ".") for n in names):
+            if not any(in_prefix(n, prefix) for n in names):
                 raise InvalidConfig(
                     f"--freeze {prefix!r} matches no layer of {self.model.name}; layer names "
                     f"look like {', '.join(names[:3])} (`gpusim models show` lists them)"
@@ -100,7 +105,7 @@ class TrainingJob:
         return 2 if self.master_weights and self.precision == "fp16" else 4
 
     def is_trainable(self, layer_name: str) -> bool:
-        return not any(layer_name == p or layer_name.startswith(p + ".") for p in self.frozen)
+        return not any(in_prefix(layer_name, p) for p in self.frozen)
 
     def trains_weights(self, layer: Layer) -> bool:
         """Whether backward computes ``layer``'s weight gradient: it has weights, its own or

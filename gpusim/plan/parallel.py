@@ -26,7 +26,13 @@ from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost
 from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPrecision
+from gpusim.plan.job import (
+    Checkpointing,
+    Optimizer,
+    TrainingJob,
+    TrainingPrecision,
+    in_prefix,
+)
 from gpusim.plan.lower import microbatch_ops, optimizer_ops
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.schedules import peak_in_flight, schedule
@@ -167,7 +173,7 @@ class ParallelJob:
         # A stage is told only the prefixes among its layers; the whole model checks them all.
         names = [layer.name for layer in model.layers]
         frozen = self.frozen if model is self.model else tuple(
-            f for f in self.frozen if any(n == f or n.startswith(f + ".") for n in names))
+            f for f in self.frozen if any(in_prefix(n, f) for n in names))
         return TrainingJob(model, self.topology.gpu, self.parallel.microbatch_size,
                            self.precision, 1, self.optimizer, self.checkpointing, frozen,
                            loader_workers=0, master_weights=self.master_weights,
