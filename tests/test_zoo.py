@@ -100,3 +100,23 @@ def test_dropout_mask_is_one_byte_whatever_the_data_type(activation: str, elemen
     assert att.saved_bytes(1, num) - plain.saved_bytes(1, num) == scores * (element + 1)
     drop = next(op for op in att.forward(1, num) if op.name.endswith("dropout"))
     assert drop.bytes == scores * (2 * element + 1)
+
+
+@pytest.mark.parametrize("activation, forward, backward", [
+    ("bf16", 2 + 4 + 8, 4 + 12 + 4 + 2),  # cast up; log-softmax | fill, log-softmax, cast down
+    ("fp32", 8, 4 + 12),
+])
+def test_cross_entropy_moves_what_pytorchs_kernels_move(activation: str, forward: int,
+                                                        backward: int) -> None:
+    """Bytes per logit: PyTorch computes the loss in fp32 through a kept log-softmax, and
+    the likelihood's gradient is a zero-filled tensor the size of the logits."""
+    from gpusim.workload.attention import CrossEntropy
+    from gpusim.workload.numerics import Numerics
+
+    num = Numerics(activation, activation, activation)
+    loss = CrossEntropy("loss", classes=50_000, rows=100)
+    e = 100 * 50_000
+    assert sum(op.bytes for op in loss.forward(1, num)) == pytest.approx(e * forward, rel=1e-3)
+    assert sum(op.bytes for op in loss.backward_input(1, num)) == pytest.approx(e * backward,
+                                                                             rel=1e-3)
+    assert loss.saved_bytes(1, num) == e * 4

@@ -25,7 +25,6 @@ from gpusim.plan.parallel import (
     ParallelConfig,
     ParallelJob,
     ParallelPlan,
-    partition_blocks,
     plan_parallel,
     stage_memory,
     tied_embedding_params,
@@ -84,7 +83,7 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
     """Every combination worth trying: TP within a node and dividing the heads, PP dividing
     the blocks, DP the rest; ZeRO 2 and 3 only without pipeline parallelism."""
     heads = next((la.heads for la in model.layers if isinstance(la, Attention)), 1)
-    blocks = len(partition_blocks(model)[1])
+    blocks = len(model.partition()[1])
     transformer = model.family == "transformer"
     tps = [t for t in _divisors(topology.gpus_per_node)
            if heads % t == 0 and (transformer or t == 1)]

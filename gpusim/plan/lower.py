@@ -129,10 +129,11 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
     for layer in layers:
         ops += _forward_ops(layer, job, num, "forward")
     recomputed: set[str] = set()
+    checkpointed = job.model.checkpointed_blocks if job.checkpointing == "full" else frozenset()
     for i in range(len(layers) - 1, max(first, 0) - 1, -1):
         layer = layers[i]
         block = layer.block
-        if job.checkpointing == "full" and block and block not in recomputed:
+        if block in checkpointed and block not in recomputed:
             recomputed.add(block)
             for other in layers[: i + 1]:
                 if other.block == block:

@@ -88,18 +88,20 @@ def activation_split(job: TrainingJob) -> tuple[float, float]:
         # are re-created in backward.
         return sum(lay.io_bytes(n, num) if isinstance(lay, Attention) else lay.saved_bytes(n, num)
                    for lay in kept), 0.0
-    # Full checkpointing keeps each block's input and re-creates one block at a time.
+    # Full checkpointing keeps each body block's input and re-creates one block at a time;
+    # the layers around the body (embeddings, head, loss) keep what they save.
+    checkpointed = job.model.checkpointed_blocks
     per_block: dict[str, float] = {}
     total = 0.0
     previous_out = 0
     for lay in kept:
-        if lay.block and lay.block not in per_block:
-            per_block[lay.block] = 0.0
-            total += n * previous_out * num.act_bytes
-        if lay.block:
-            per_block[lay.block] += lay.saved_bytes(n, num)
-        else:
+        if lay.block not in checkpointed:
             total += lay.saved_bytes(n, num)
+        else:
+            if lay.block not in per_block:
+                per_block[lay.block] = 0.0
+                total += n * previous_out * num.act_bytes
+            per_block[lay.block] += lay.saved_bytes(n, num)
         previous_out = lay.out_elements
     return total, max(per_block.values(), default=0.0)
 

@@ -208,28 +208,13 @@ def _check_splits(model: Model, p: ParallelConfig) -> None:
                 raise InvalidConfig(f"{model.name} has {kv} key/value heads, which neither "
                                     f"split over nor replicate across TP {p.tensor}")
             break
-    body = len(partition_blocks(model)[1])
+    body = len(model.partition()[1])
     chunks = p.pipeline * p.virtual_stages
     if body % chunks:
         what = f"PP {p.pipeline}" + (f" x {p.virtual_stages} virtual stages"
                                      if p.virtual_stages > 1 else "")
         raise InvalidConfig(f"{model.name}'s {body} blocks do not split evenly over {what}; "
                             f"pick a pipeline size that divides {body}")
-
-
-def partition_blocks(model: Model) -> tuple[list[Layer], list[list[Layer]], list[Layer]]:
-    """Leading layers (embedding), the repeated body blocks, trailing layers (head, loss)."""
-    layers = list(model.layers)
-    start = 0
-    while start < len(layers) and layers[start].block in ("", "embed"):
-        start += 1
-    end = len(layers)
-    while end > start and layers[end - 1].block in ("", "head"):
-        end -= 1
-    blocks: dict[str, list[Layer]] = {}
-    for layer in layers[start:end]:
-        blocks.setdefault(layer.block, []).append(layer)
-    return layers[:start], list(blocks.values()), layers[end:]
 
 
 @dataclass(frozen=True)
@@ -353,7 +338,7 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
 def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
     """The layers of every virtual stage (PP x virtual stages of them), sharded for TP."""
     p = job.parallel
-    lead, body, tail = partition_blocks(job.model)
+    lead, body, tail = job.model.partition()
     count = p.pipeline * p.virtual_stages
     per = len(body) // count if count > 1 else len(body)
     chunks: list[list[Layer]] = []
@@ -440,7 +425,7 @@ def tied_embedding_params(job: ParallelJob) -> int:
     the pipeline has one stage or the head has weights of its own."""
     if job.parallel.pipeline == 1:
         return 0
-    _, _, tail = partition_blocks(job.model)
+    _, _, tail = job.model.partition()
     tied = [la for la in tail if isinstance(la, Linear) and la.shared
             and job.whole.trains_weights(la)]
     return sum(shard_layer(replace(la, shared=False), job.parallel.tensor, False).params

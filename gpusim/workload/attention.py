@@ -136,10 +136,14 @@ class Embedding(Layer):
 
 @dataclass(frozen=True)
 class CrossEntropy(Layer):
-    """Softmax cross-entropy over ``classes`` for ``rows`` predictions per sample.
+    """Softmax cross-entropy over ``classes`` for ``rows`` predictions per sample, as
+    PyTorch's ``cross_entropy`` runs it: log-softmax, then the negative log-likelihood.
 
-    Autocast runs it in fp32, so the logits are read once in the activation type and the
-    log-probabilities written and kept in fp32.
+    It computes in fp32 (autocast lists it there), so 16-bit logits are cast up first and
+    their gradient cast back. Forward: cast, log-softmax (kept for backward), a gather of
+    one log-probability per row. Backward: the likelihood's gradient is a zero-filled
+    tensor of the logits' size with one entry per row set, then the log-softmax gradient,
+    which reads that gradient and the kept output.
     """
 
     classes: int
@@ -150,16 +154,27 @@ class CrossEntropy(Layer):
         return 1
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
-        e = n * self.rows * self.classes
-        moved = e * (num.act_bytes + 2 * DTYPE_BYTES["fp32"])
-        return self._tag([Op(f"{self.name}.fwd", "memory", 5 * e, moved, "fp32",
-                             alloc_bytes=e * DTYPE_BYTES["fp32"])])
+        rows = n * self.rows
+        e = rows * self.classes
+        f32 = DTYPE_BYTES["fp32"]
+        ops = []
+        if num.act_bytes != f32:
+            ops.append(Op(f"{self.name}.cast", "memory", 0.0, e * (num.act_bytes + f32), "fp32",
+                          alloc_bytes=e * f32))
+        ops.append(memory_op(f"{self.name}.log_softmax", e, e, f32, 5.0))
+        ops.append(memory_op(f"{self.name}.nll", rows, 1, f32))
+        return self._tag(ops)
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
-        e = n * self.rows * self.classes
-        moved = e * (DTYPE_BYTES["fp32"] + num.act_bytes)
-        return self._tag([Op(f"{self.name}.bwd", "memory", 2 * e, moved, "fp32",
-                             alloc_bytes=e * num.act_bytes)])
+        rows = n * self.rows
+        e = rows * self.classes
+        f32 = DTYPE_BYTES["fp32"]
+        ops = [memory_op(f"{self.name}.nll_bwd", rows, e, f32, 0.0),
+               memory_op(f"{self.name}.log_softmax_bwd", 2 * e, e, f32, 2.0)]
+        if num.act_bytes != f32:
+            ops.append(Op(f"{self.name}.cast_bwd", "memory", 0.0, e * (f32 + num.act_bytes),
+                          "fp32", alloc_bytes=e * num.act_bytes))
+        return self._tag(ops)
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.rows * self.classes * DTYPE_BYTES["fp32"]

@@ -10,6 +10,12 @@ from typing import Literal
 from gpusim.workload.layers import Layer
 from gpusim.workload.numerics import FP32, Numerics
 
+# Blocks on either side of a model's repeated body. Frameworks checkpoint the body only
+# (Megatron-LM and Hugging Face wrap each transformer layer, not the embeddings, the head
+# or the loss), and pipeline stages deal out body blocks.
+LEAD_BLOCKS = frozenset({"", "embed", "stem"})
+TAIL_BLOCKS = frozenset({"", "head", "classifier"})
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -73,11 +79,22 @@ class Model:
         """Bytes kept for backward by a batch of ``n`` with no checkpointing."""
         return sum(layer.saved_bytes(n, num) for layer in self.layers)
 
-    @property
-    def blocks(self) -> list[str]:
-        """Checkpointable blocks in order of appearance."""
-        seen: dict[str, None] = {}
-        for layer in self.layers:
-            if layer.block:
-                seen.setdefault(layer.block)
-        return list(seen)
+    def partition(self) -> tuple[list[Layer], list[list[Layer]], list[Layer]]:
+        """Leading layers (embeddings, a stem), the repeated body blocks in order, trailing
+        layers (final norm, head, loss)."""
+        layers = list(self.layers)
+        start = 0
+        while start < len(layers) and layers[start].block in LEAD_BLOCKS:
+            start += 1
+        end = len(layers)
+        while end > start and layers[end - 1].block in TAIL_BLOCKS:
+            end -= 1
+        blocks: dict[str, list[Layer]] = {}
+        for layer in layers[start:end]:
+            blocks.setdefault(layer.block, []).append(layer)
+        return layers[:start], list(blocks.values()), layers[end:]
+
+    @cached_property
+    def checkpointed_blocks(self) -> frozenset[str]:
+        """Blocks that full activation checkpointing wraps: the body's, not the edges'."""
+        return frozenset(block[0].block for block in self.partition()[1] if block[0].block)
