@@ -31,15 +31,32 @@ TENSORS_PER_OPTIMIZER_KERNEL = 100
 # torch/optim/adam.py and sgd.py write them (the single-tensor loop that CPU tensors take and
 # the foreach kernels CUDA tensors take run the same passes): (op, tensors read, tensors
 # written, whether the result is a new tensor). Adam's ``step += 1`` is a one-element op.
-_ADAM = [("step", 0, 0, False), ("lerp_", 2, 1, False), ("mul_", 1, 1, False),
-         ("addcmul_", 2, 1, False), ("sqrt", 1, 1, True), ("div", 1, 1, True),
-         ("add_", 1, 1, False), ("addcdiv_", 3, 1, False)]
-OPTIMIZER_PASSES: dict[str, list[tuple[str, int, int, bool]]] = {
+Pass = tuple[str, float, float, bool]
+_ADAM: list[Pass] = [("step", 0, 0, False), ("lerp_", 2, 1, False), ("mul_", 1, 1, False),
+                     ("addcmul_", 2, 1, False), ("sqrt", 1, 1, True), ("div", 1, 1, True),
+                     ("add_", 1, 1, False), ("addcdiv_", 3, 1, False)]
+OPTIMIZER_PASSES: dict[str, list[Pass]] = {
     "adam": _ADAM,
     "adamw": [("mul_", 1, 1, False), *_ADAM],  # decoupled weight decay first
     "sgd": [("add_", 2, 1, False)],
     "sgd-momentum": [("mul_", 1, 1, False), ("add_", 2, 1, False), ("add_", 2, 1, False)],
 }
+
+# Megatron-LM's mixed-precision optimizer (Float16OptimizerWithFloat16Params) around apex's
+# fused multi-tensor kernels, in fp32-element units (0.5: a 16-bit tensor). fp16 gradients
+# are copied into fp32 main gradients and unscaled (bf16 ones accumulate in fp32 already);
+# one norm pass for gradient clipping; one fused update of the fp32 main weights and states;
+# the updated weights copied back into the 16-bit model.
+_FUSED_UPDATE = {"adam": ("fused_adam", 4, 3), "adamw": ("fused_adam", 4, 3),
+                 "sgd": ("fused_sgd", 2, 1), "sgd-momentum": ("fused_sgd", 3, 2)}
+
+
+def _megatron_passes(job: TrainingJob) -> list[Pass]:
+    name, reads, writes = _FUSED_UPDATE[job.optimizer]
+    scaled: list[Pass] = [
+        ("copy_main_grads", 0.5, 1, True), ("unscale_", 1, 1, False)]
+    return [*(scaled if job.precision == "fp16" else []), ("grad_norm", 1, 0, False),
+            (name, reads, writes, False), ("copy_main_params", 1, 0.5, False)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +167,18 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
 def optimizer_ops(job: TrainingJob) -> list[Op]:
     """The optimizer step over the trainable tensors, pass by pass: on a GPU each pass is a
     few foreach kernels over lists of tensors; on a CPU, one op per tensor (PyTorch's
-    single-tensor loop, its default for CPU tensors)."""
+    single-tensor loop, its default for CPU tensors). With master weights, Megatron-LM's
+    optimizer and its fused kernels."""
     sizes = [size for lay in job.model.layers if lay.params and job.is_trainable(lay.name)
              for size in lay.tensor_sizes()]
     if not sizes:
         return []
-    passes = list(OPTIMIZER_PASSES[job.optimizer])
-    if job.precision == "fp16":
-        passes.insert(0, ("unscale_", 1, 1, False))  # GradScaler: unscale, check for inf/nan
+    if job.master_weights and job.mixed_precision:
+        passes = _megatron_passes(job)
+    else:
+        passes = list(OPTIMIZER_PASSES[job.optimizer])
+        if job.precision == "fp16":
+            passes.insert(0, ("unscale_", 1, 1, False))  # GradScaler: unscale, check inf/nan
     fp32 = DTYPE_BYTES["fp32"]
     if job.device.is_gpu:
         groups = math.ceil(len(sizes) / TENSORS_PER_OPTIMIZER_KERNEL)
@@ -169,7 +190,7 @@ def optimizer_ops(job: TrainingJob) -> list[Op]:
     for name, reads, writes, allocates in passes:
         for i, elements in enumerate(chunks):
             if name == "step":
-                elements, reads, writes = 1.0, 1, 1
+                elements, reads, writes = 1.0, 1.0, 1.0
             op = memory_op(f"optimizer.{name}.{i}", reads * elements, writes * elements, fp32,
                            allocates=allocates)
             ops.append(replace(op, layer="optimizer", phase="optimizer"))
