@@ -39,7 +39,7 @@ from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
 from gpusim.estimate import resolve_model, simulate_parallel_step
 from gpusim.hardware.catalog import load_gpu, load_system
-from gpusim.plan.parallel import ParallelConfig, ParallelJob
+from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 
 
 @dataclass(frozen=True)

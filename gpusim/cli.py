@@ -32,7 +32,7 @@ from gpusim.hardware.profile import (
 )
 from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS, TrainingJob
 from gpusim.plan.lower import lower
-from gpusim.plan.parallel import SCHEDULES, ZERO_STAGES
+from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
 from gpusim.report import TrainingEstimate
 from gpusim.sim.ranks import Straggler
 from gpusim.workload import zoo

@@ -9,7 +9,7 @@ from typing import Any
 from gpusim.errors import InvalidConfig
 from gpusim.explore.scaling import ScalingRow, scaling
 from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS
-from gpusim.plan.parallel import SCHEDULES, ZERO_STAGES
+from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
 
 
 def add_parsers(sub: Any) -> None:

@@ -19,7 +19,8 @@ from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
 from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPrecision
 from gpusim.plan.lower import lower
 from gpusim.plan.memory import MemoryPlan, check_fits, memory_plan
-from gpusim.plan.parallel import ParallelConfig, ParallelJob, plan_parallel, stage_memory
+from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.report import StepResult, TrainingEstimate
 from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline

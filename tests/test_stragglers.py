@@ -14,7 +14,8 @@ import simpy
 from gpusim.cli import main
 from gpusim.comm.topology import Topology
 from gpusim.errors import InvalidConfig
-from gpusim.plan.parallel import ParallelConfig, ParallelJob, ParallelPlan, plan_parallel
+from gpusim.plan.parallel import ParallelPlan, plan_parallel
+from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.sim.ranks import RankCoords, Straggler, rank_coords
 from gpusim.sim.shared_link import SharedLink

@@ -21,14 +21,8 @@ from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
 from gpusim.estimate import check_fits_parallel, mfu_peak, simulate_parallel_step
 from gpusim.plan.job import Checkpointing, Optimizer, TrainingPrecision
-from gpusim.plan.parallel import (
-    ParallelConfig,
-    ParallelJob,
-    ParallelPlan,
-    plan_parallel,
-    stage_memory,
-    tied_embedding_params,
-)
+from gpusim.plan.parallel import ParallelPlan, plan_parallel, stage_memory, tied_embedding_params
+from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
 

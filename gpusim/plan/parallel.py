@@ -1,220 +1,39 @@
-"""Parallel training: a job split over tensor-, pipeline- and data-parallel ranks.
+"""Planning a parallel job (``gpusim.plan.parallel_job``): what each rank runs and what it costs.
 
-Ranks are laid out as Megatron-LM lays them out (tensor innermost, then data, then pipeline).
 Ranks with the same pipeline stage behave alike whatever their tensor or data position, so
 the plan costs one representative rank per stage:
 
 - tensor parallelism (Megatron-LM, ``gpusim.plan.tensor_parallel``): each layer is split as
   its ``tp`` mark says; its collectives sit on the critical path of the layer issuing them.
-- pipeline parallelism: the transformer blocks are dealt out evenly to ``pipeline`` stages
+- pipeline parallelism: the body blocks are dealt out evenly to ``pipeline`` stages
   (``virtual_stages`` chunks each when interleaved); the embedding goes to the first stage,
   the head and loss to the last. The schedule is simulated in ``gpusim.sim.pipeline``.
 - data parallelism with ZeRO stage 0-3 (3 is FSDP full sharding): what is reduced, gathered
   and sharded, and when, is described here and scheduled by the simulator.
 """
-
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 from gpusim.comm.collectives import Collective, collective_seconds
-from gpusim.comm.topology import CommGroup, Topology
+from gpusim.comm.topology import CommGroup
 from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost
-from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.plan.job import (
-    Checkpointing,
-    Optimizer,
-    TrainingJob,
-    TrainingPrecision,
-    in_prefix,
-)
 from gpusim.plan.lower import microbatch_ops, optimizer_ops
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
+from gpusim.plan.parallel_job import ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
 from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
-from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
 from gpusim.workload.ops import Op
 
-Schedule = Literal["gpipe", "1f1b", "interleaved"]
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
-ZERO_STAGES = (0, 1, 2, 3)
-
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
 # the backward pass produces them.
 DDP_BUCKET_BYTES = 25 * 2**20
-
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    """How a job is split. ``microbatch_size`` is samples per GPU per forward pass.
-
-    ``overlap_grad_reduce``: data-parallel gradient reduction runs in buckets during the last
-    backward pass (PyTorch DDP); False reduces the whole gradient buffer after it (Megatron-LM's
-    2021 "local" DDP).
-    """
-
-    tensor: int = 1
-    pipeline: int = 1
-    data: int = 1
-    microbatch_size: int = 1
-    schedule: Schedule = "1f1b"
-    virtual_stages: int = 1
-    zero: int = 0
-    sequence_parallel: bool = False
-    overlap_grad_reduce: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("tensor", "pipeline", "data", "microbatch_size", "virtual_stages"):
-            value = getattr(self, name)
-            if value < 1:
-                raise InvalidConfig(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
-        if self.schedule not in SCHEDULES:
-            raise InvalidConfig(f"unknown schedule {self.schedule!r}; use one of "
-                                f"{', '.join(SCHEDULES)}")
-        if self.zero not in ZERO_STAGES:
-            raise InvalidConfig(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero})")
-        if self.virtual_stages > 1 and self.schedule != "interleaved":
-            raise InvalidConfig("--virtual-stages applies to --schedule interleaved only")
-        if self.schedule == "interleaved" and self.pipeline == 1:
-            raise InvalidConfig("the interleaved schedule needs pipeline parallelism (--pp > 1)")
-        if self.sequence_parallel and self.tensor == 1:
-            raise InvalidConfig("sequence parallelism splits along tensor-parallel ranks; it "
-                                "needs --tp > 1")
-        if self.zero >= 2 and self.pipeline > 1:
-            raise InvalidConfig(
-                f"ZeRO stage {self.zero} shards gradients, which pipeline parallelism "
-                f"accumulates across microbatches (DeepSpeed and Megatron-LM refuse the "
-                f"combination); use --zero 0 or 1 with --pp > 1"
-            )
-
-    @property
-    def num_gpus(self) -> int:
-        return self.tensor * self.pipeline * self.data
-
-    def describe(self) -> str:
-        text = (f"TP {self.tensor} x PP {self.pipeline} x DP {self.data}, microbatch "
-                f"{self.microbatch_size}")
-        if self.pipeline > 1:  # a schedule orders the stages; one stage has nothing to order
-            text += f", {self.schedule}"
-        if self.virtual_stages > 1:
-            text += f" ({self.virtual_stages} virtual stages)"
-        if self.zero:
-            text += f", ZeRO-{self.zero}"
-        if self.sequence_parallel:
-            text += ", sequence parallel"
-        return text
-
-
-@dataclass(frozen=True)
-class ParallelJob:
-    """One optimizer step of ``model`` over ``topology``; ``batch_size`` is the global batch."""
-
-    model: Model
-    topology: Topology
-    batch_size: int
-    parallel: ParallelConfig
-    precision: TrainingPrecision = "bf16"
-    optimizer: Optimizer = "adam"
-    checkpointing: Checkpointing = "none"
-    # None: Megatron-LM semantics under tensor or pipeline parallelism, PyTorch's otherwise.
-    megatron: bool | None = None
-    frozen: tuple[str, ...] = ()  # layer-name prefixes whose weights do not train
-
-    def __post_init__(self) -> None:
-        p = self.parallel
-        if p.num_gpus != self.topology.num_gpus:
-            raise InvalidConfig(
-                f"TP {p.tensor} x PP {p.pipeline} x DP {p.data} = {p.num_gpus} GPUs, but the "
-                f"job has {self.topology.num_gpus}; make the product equal --num-gpus"
-            )
-        per_step = p.microbatch_size * p.data
-        if self.batch_size % per_step:
-            raise InvalidConfig(
-                f"global batch {self.batch_size} is not a multiple of microbatch "
-                f"{p.microbatch_size} x DP {p.data} = {per_step}"
-            )
-        if p.schedule == "interleaved" and self.microbatches % p.pipeline:
-            raise InvalidConfig(
-                f"the interleaved schedule needs the microbatches per pipeline "
-                f"({self.microbatches}) to be a multiple of PP {p.pipeline}"
-            )
-        if p.tensor > 1 or p.pipeline > 1:
-            _check_splits(self.model, p)
-        _ = self.whole  # checks precision against the GPU, checkpointing, frozen names, ...
-
-    @property
-    def microbatches(self) -> int:
-        """Microbatches each pipeline runs per step (gradient accumulation when PP is 1)."""
-        return self.batch_size // (self.parallel.microbatch_size * self.parallel.data)
-
-    @property
-    def master_weights(self) -> bool:
-        """Model-parallel frameworks (Megatron-LM) keep weights in the compute type with fp32
-        master copies; data parallelism alone is taken as PyTorch DDP with autocast unless
-        ``megatron`` says otherwise."""
-        if self.megatron is not None:
-            return self.megatron
-        return self.parallel.tensor > 1 or self.parallel.pipeline > 1
-
-    @cached_property
-    def whole(self) -> TrainingJob:
-        """The whole model as one device's job: its numerics and per-element byte sizes."""
-        return self.stage_job(self.model)
-
-    def stage_job(self, model: Model, *, first: bool = True) -> TrainingJob:
-        """A single-device job for one microbatch of a stage's layers."""
-        # A stage is told only the prefixes among its layers; the whole model checks them all.
-        names = [layer.name for layer in model.layers]
-        frozen = self.frozen if model is self.model else tuple(
-            f for f in self.frozen if any(in_prefix(n, f) for n in names))
-        return TrainingJob(model, self.topology.gpu, self.parallel.microbatch_size,
-                           self.precision, 1, self.optimizer, self.checkpointing, frozen,
-                           loader_workers=0, master_weights=self.master_weights,
-                           input_requires_grad=not first)
-
-    @cached_property
-    def model_flops_per_sample(self) -> float:
-        """Model FLOPs of one sample, forward and backward; with layers frozen, only the
-        backward that runs: no weight gradients for them, no input gradients before the
-        first layer that trains."""
-        if not self.frozen:
-            return self.model.training_flops_per_sample
-        return self.model.training_flops(self.whole.trains_weights)
-
-    def trainable_params(self, layers: tuple[Layer, ...] | list[Layer]) -> int:
-        """Parameters of ``layers`` that train: what gradients are reduced and stepped for."""
-        return sum(la.params for la in layers if self.whole.trains_weights(la))
-
-
-def _check_splits(model: Model, p: ParallelConfig) -> None:
-    if model.family != "transformer" and p.tensor > 1:
-        raise InvalidConfig(f"tensor parallelism splits transformer layers; {model.name} is a "
-                            f"{model.family} model (use --tp 1)")
-    for layer in model.layers:
-        if isinstance(layer, Attention) and layer.tp == "sharded":
-            if layer.heads % p.tensor:
-                raise InvalidConfig(f"{model.name} has {layer.heads} attention heads, which "
-                                    f"do not split over TP {p.tensor}; pick a TP that divides "
-                                    f"them")
-            kv = layer.kv_heads or layer.heads
-            if kv % p.tensor and p.tensor % kv:
-                raise InvalidConfig(f"{model.name} has {kv} key/value heads, which neither "
-                                    f"split over nor replicate across TP {p.tensor}")
-            break
-    body = len(model.partition()[1])
-    chunks = p.pipeline * p.virtual_stages
-    if body % chunks:
-        what = f"PP {p.pipeline}" + (f" x {p.virtual_stages} virtual stages"
-                                     if p.virtual_stages > 1 else "")
-        raise InvalidConfig(f"{model.name}'s {body} blocks do not split evenly over {what}; "
-                            f"pick a pipeline size that divides {body}")
 
 
 @dataclass(frozen=True)

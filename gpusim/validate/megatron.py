@@ -26,7 +26,7 @@ from typing import Literal
 
 from gpusim.comm.topology import Topology
 from gpusim.estimate import simulate_parallel_step
-from gpusim.plan.parallel import ParallelConfig, ParallelJob, Schedule
+from gpusim.plan.parallel_job import ParallelConfig, ParallelJob, Schedule
 from gpusim.report import StepResult
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
