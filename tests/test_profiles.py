@@ -114,3 +114,19 @@ def test_peak_falls_back_to_vector_units_without_tensor_cores(h100: GPUProfile) 
     assert unit == "vector" and flops == pytest.approx(66.9e12)
     flops, unit = h100.peak_flops("bf16", matrix=True)
     assert unit == "matrix" and flops == pytest.approx(989.4e12)
+
+
+# Best bf16 matmul a shape search found, as a fraction of the dense peak (S. Bekman,
+# ml-engineering, "Maximum Achievable Matmul FLOPS comparison table"; MI250X per die).
+PUBLISHED_MATMUL_CEILINGS = {"a100-80gb": 0.859, "h100-sxm": 0.801, "mi250x": 0.767,
+                             "mi300x": 0.601}
+
+
+@pytest.mark.parametrize("gpu, ceiling", PUBLISHED_MATMUL_CEILINGS.items())
+def test_default_gemm_efficiency_stays_under_the_measured_ceiling(gpu: str,
+                                                                  ceiling: float) -> None:
+    """A stated default above the best any shape reached on the real device would make
+    every GEMM faster than the hardware has been seen to run."""
+    cal = calibration_for(load_gpu(gpu))
+    assert cal.status == "default"
+    assert cal.gemm_efficiency("bf16") < ceiling
