@@ -210,9 +210,12 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool
     slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel collective "
                 "runs beside them" if comm_slowdown else
                 "no compute slowdown from communication kernels (--comm-slowdown)")
+    node_links = ("tensor- and data-parallel traffic share a GPU's links inside a "
+                  "node" if job.topology.peers_share_links else
+                  "tensor- and data-parallel peers have links of their own (mesh)")
     out.append(f"{_simulated_ranks(job, per_rank, straggler)}; pipeline transfers and "
-               "data-parallel collectives share a GPU's NIC when both leave the node; "
-               f"{slowdown}")
+               f"data-parallel collectives share a GPU's NIC when both leave the node; "
+               f"{node_links}; {slowdown}")
     out.append("synthetic input on the device (no loader)")
     out.append(_ENERGY)
     return out

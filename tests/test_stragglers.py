@@ -164,3 +164,25 @@ def test_pipeline_and_data_parallel_traffic_share_the_nic_when_both_leave_the_no
     assert max(sends) > 1.5 and min(sends) == pytest.approx(1.0)
     every = simulate_pipeline(p, trace=False, per_rank=True)
     assert every.step_time_s == pytest.approx(one.step_time_s, rel=1e-9)
+
+
+def test_tensor_and_data_parallel_traffic_share_a_gpus_switch_links_inside_a_node() -> None:
+    def static_tp(p: ParallelPlan) -> float:
+        chunk = p.stages[0].chunks[0]
+        return p.microbatches * (chunk.forward.tp_comm_s + chunk.backward.tp_comm_s)
+
+    # ZeRO-3 gathers and reduces during every pass, over the NVSwitch the TP all-reduces use.
+    fsdp = plan(num_gpus=8, tensor=2, data=4, microbatch_size=2, zero=3)
+    assert not fsdp.groups["data"].spans_nodes
+    shared = simulate_pipeline(fsdp, trace=False)
+    assert shared.breakdown_s["tensor_parallel_comm"] > 1.01 * static_tp(fsdp)
+    assert sum(shared.breakdown_s.values()) == pytest.approx(shared.step_time_s)
+    # Gradients reduced after the backward pass overlap no pass: nothing is shared.
+    after = plan(num_gpus=8, tensor=2, data=4, microbatch_size=2, overlap_grad_reduce=False)
+    alone = simulate_pipeline(after, trace=False)
+    assert alone.breakdown_s["tensor_parallel_comm"] == pytest.approx(static_tp(after))
+    # Once the data-parallel group leaves the node its TP peers' traffic stays apart.
+    wide = plan(num_gpus=64, tensor=8, data=8, microbatch_size=1, zero=3)
+    assert wide.groups["data"].spans_nodes
+    spread = simulate_pipeline(wide, trace=False)
+    assert spread.breakdown_s["tensor_parallel_comm"] == pytest.approx(static_tp(wide))

@@ -137,6 +137,13 @@ class Topology:
             and min(link_generation, gpu_generation) >= NVLS_MIN_NVLINK_GENERATION
         )
 
+    @property
+    def peers_share_links(self) -> bool:
+        """Whether a GPU reaches all its node's peers through the same links (an NVSwitch's
+        ports, a PCIe lane), so two of its groups communicating at once share them; in a
+        mesh each peer has links of its own."""
+        return self.system.intra_node_topology not in _MESHES
+
     def intra_node_bytes_per_s(self, ranks_per_node: int) -> float:
         """Per-GPU, per-direction bandwidth to the other ``ranks_per_node - 1`` group members.
 

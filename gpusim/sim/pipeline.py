@@ -22,8 +22,11 @@ Data parallelism, by ZeRO stage:
 A collective starts when every rank of its group has reached it (data-parallel replicas of
 a stage; the first and last stage for tied embeddings), and runs at the pace of its slowest
 link. Pipeline transfers and data-parallel collectives that both cross the network share each
-GPU's NIC while they overlap (``gpusim.sim.shared_link``); tensor-parallel collectives, inside
-the passes, share nothing. The step ends when every stage has finished its optimizer step.
+GPU's NIC while they overlap (``gpusim.sim.shared_link``). Inside a node whose GPUs reach each
+other through shared ports (NVSwitch, PCIe), a pass's tensor-parallel traffic and a
+data-parallel collective that stays in the node share the GPU's links; the pass's traffic is
+taken as one transfer after its kernels. The step ends when every stage has finished its
+optimizer step.
 Every duration comes from the plan; the engine only schedules.
 """
 
@@ -114,6 +117,14 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     shared = (pp > 1 and par.data > 1 and plan.groups["pipeline"].spans_nodes
               and plan.groups["data"].spans_nodes)
     nics = {u: SharedLink(env) for u in units} if shared else {}
+    # Inside a node, a GPU's tensor-parallel collectives and its data-parallel ones (when
+    # the data-parallel group stays in the node) leave through the same links; those that
+    # overlap, buckets reduced or ZeRO-3 weights gathered during a pass, share them.
+    dp_during_passes = par.overlap_grad_reduce or par.zero >= 2
+    on_node_links = (par.tensor > 1 and par.data > 1 and dp_during_passes
+                     and not plan.groups["data"].spans_nodes
+                     and job.topology.peers_share_links)
+    node_links = {u: SharedLink(env) for u in units} if on_node_links else {}
     gates: dict[tuple[Any, ...], list[Any]] = {}  # collective -> [ranks arrived, start event]
     issued: dict[tuple[int, int, str], int] = defaultdict(int)
     p2p_s = plan.p2p_s
@@ -194,8 +205,10 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             start = env.now
             if comm_slowdown:
                 comm_spans[unit].append((start, start + seconds))
-            if shared:  # done when the member slowed most by its NIC's other traffic is
-                yield from nics[unit].transfer(seconds)
+            if shared or on_node_links:  # done when the member slowed most by its
+                # NIC's or node links' other traffic is
+                link = nics[unit] if shared else node_links[unit]
+                yield from link.transfer(seconds)
                 yield meet(("data done", s, label, nth), replicas)
             else:
                 yield env.timeout(seconds)
@@ -266,7 +279,17 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
                 elif par.overlap_grad_reduce and t.micro == last_backward[t.chunk]:
                     collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
                     pending += bucketed(unit, chunk, collective, start, length)
-            yield env.timeout(length)
+            tp = work.tp_comm_s * slow_link[unit]
+            if on_node_links and tp > 0.0 and length > work.host_s:
+                # The pass's tensor-parallel traffic, taken as one transfer after its
+                # kernels, shares the node links with data-parallel collectives under way.
+                yield env.timeout(length - tp)
+                yield from node_links[unit].transfer(tp)
+                shared_tp = env.now - start - length + tp
+            else:
+                yield env.timeout(length)
+                shared_tp = tp
+            length += shared_tp - tp
             extra = 0.0
             if comm_slowdown:
                 # Kernels that shared the GPU with a collective ran slower by that overlap.
@@ -280,7 +303,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
                 info.acct["data_parallel_comm"] += env.now - waited
             info.busy += length + extra
             info.acct["comm_slowdown"] += extra
-            tp = work.tp_comm_s * slow_link[unit]
+            tp = shared_tp
             if t.kind == "F":
                 info.acct["forward"] += length - tp
             else:
