@@ -19,8 +19,9 @@ def add_parsers(sub: Any) -> None:
                     "--batch-size-per-gpu (the global batch grows with the GPUs), strong "
                     "scaling with --batch-size (fixed). Efficiency is throughput per GPU over "
                     "that of the smallest count that runs; counts that do not run (out of "
-                    "memory, a split that does not divide) are listed with the reason. Input "
-                    "is synthetic (no data loader) at every count.",
+                    "memory, a split that does not divide) are listed with the reason. Each "
+                    "data-parallel replica has --loader-workers data-loader workers (0: "
+                    "synthetic input), sharing the node's CPU cores.",
         epilog="example: gpusim scaling --model gpt3-1.3b --gpu h100-sxm --num-gpus "
                "1,2,4,8,16 --batch-size-per-gpu 4 --precision bf16 --seq-len 2048 "
                "--plot scaling.png")
@@ -45,6 +46,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     s.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES, help="ZeRO stage")
     s.add_argument("--sequence-parallel", action="store_true")
+    s.add_argument("--loader-workers", type=int, default=8,
+                   help="data-loader workers per data-parallel replica (default 8; 0: "
+                        "synthetic data on the device)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--plot", metavar="FILE", help="write a PNG of throughput and efficiency")
 
@@ -82,7 +86,8 @@ def run_scaling(args: argparse.Namespace) -> int:
                    seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
                    checkpointing=args.checkpointing, system=args.system, tp=args.tp,
                    pp=args.pp, microbatch_size=args.microbatch_size, schedule=args.schedule,
-                   zero=args.zero, sequence_parallel=args.sequence_parallel)
+                   zero=args.zero, sequence_parallel=args.sequence_parallel,
+                   loader_workers=args.loader_workers)
     batch = (f"weak scaling, {args.batch_size_per_gpu} samples per GPU" if weak
              else f"strong scaling, global batch {args.batch_size}")
     split = f", TP {args.tp} x PP {args.pp}" if args.tp * args.pp > 1 else ""

@@ -216,9 +216,22 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool
     out.append(f"{_simulated_ranks(job, per_rank, straggler)}; pipeline transfers and "
                f"data-parallel collectives share a GPU's NIC when both leave the node; "
                f"{node_links}; {slowdown}")
-    out.append("synthetic input on the device (no loader)")
+    out.append(_parallel_input(job))
     out.append(_ENERGY)
     return out
+
+
+def _parallel_input(job: ParallelJob) -> str:
+    if not job.loader_workers:
+        return "input: synthetic data already on the device (no loader, no copy)"
+    inp = job.model.input
+    cores = job.host_cores_per_replica
+    share = ("the node's CPU cores unknown (no CPU in the system profile), so workers are "
+             "not capped" if cores is None else
+             f"{cores} of the node's CPU cores per replica cap the workers that help")
+    return (f"input: {inp.description}; {job.loader_workers} loader workers per data-parallel "
+            f"replica at {inp.loader_cpu_s * 1e3:.3g} ms CPU per sample, running on through "
+            f"the step; {share}; host-to-device copies not modelled")
 
 
 def resolve_topology(gpu: str | DeviceProfile | None, system: str | SystemProfile | None,
@@ -343,7 +356,7 @@ def estimate(
                                  sequence_parallel=sequence_parallel,
                                  overlap_grad_reduce=overlap_grad_reduce)
         pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
-                           frozen=frozen)
+                           frozen=frozen, loader_workers=loader_workers)
         step = simulate_parallel_step(pjob, per_rank=per_rank, straggler=straggler,
                                       comm_slowdown=comm_slowdown)
         device: DeviceProfile = topo.gpu

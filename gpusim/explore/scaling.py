@@ -65,10 +65,7 @@ def scaling(model: str | Model, gpu: str | DeviceProfile | None, num_gpus: Seque
             **options: Any) -> list[ScalingRow]:
     """Estimate one step at each GPU count (ascending), weak scaling with
     ``batch_size_per_gpu`` or strong scaling with a fixed global ``batch_size``;
-    ``options`` are estimate() keywords (precision, tp, pp, system, ...).
-
-    The multi-GPU simulator feeds synthetic input, so ``loader_workers`` defaults to 0 here
-    and a single GPU is fed the same way.
+    ``options`` are estimate() keywords (precision, tp, pp, system, loader_workers, ...).
     """
     points = _batches(num_gpus, batch_size_per_gpu, batch_size)
     # Names are looked up once, so a typo is an error rather than a row per count.
@@ -76,7 +73,6 @@ def scaling(model: str | Model, gpu: str | DeviceProfile | None, num_gpus: Seque
     device = load_device(gpu) if isinstance(gpu, str) else gpu
     if isinstance(options.get("system"), str):
         options["system"] = load_system(options["system"])
-    options.setdefault("loader_workers", 0)
     rows: list[ScalingRow] = []
     base: float | None = None  # samples/s per GPU of the smallest count that runs
     for n, batch in points:

@@ -13,6 +13,7 @@ from typing import Literal
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import InvalidConfig
+from gpusim.hardware.catalog import load_cpu
 from gpusim.plan.job import (
     Checkpointing,
     Optimizer,
@@ -104,9 +105,14 @@ class ParallelJob:
     # None: Megatron-LM semantics under tensor or pipeline parallelism, PyTorch's otherwise.
     megatron: bool | None = None
     frozen: tuple[str, ...] = ()  # layer-name prefixes whose weights do not train
+    # Data-loader processes per data-parallel replica; 0 feeds synthetic input on the device.
+    loader_workers: int = 0
 
     def __post_init__(self) -> None:
         p = self.parallel
+        if self.loader_workers < 0:
+            raise InvalidConfig(f"--loader-workers must be 0 or more (got "
+                                f"{self.loader_workers})")
         if p.num_gpus != self.topology.num_gpus:
             raise InvalidConfig(
                 f"TP {p.tensor} x PP {p.pipeline} x DP {p.data} = {p.num_gpus} GPUs, but the "
@@ -131,6 +137,28 @@ class ParallelJob:
     def microbatches(self) -> int:
         """Microbatches each pipeline runs per step (gradient accumulation when PP is 1)."""
         return self.batch_size // (self.parallel.microbatch_size * self.parallel.data)
+
+    @property
+    def host_cores_per_replica(self) -> int | None:
+        """Physical CPU cores of the node that one data-parallel replica's loader may use:
+        the node's cores shared evenly by its GPUs, times the replica's TP GPUs (None when
+        the system names no CPU)."""
+        system = self.topology.system
+        if system.cpu is None or not system.cpus_per_node:
+            return None
+        cores = load_cpu(system.cpu).compute_units * system.cpus_per_node
+        return max(1, cores * self.parallel.tensor // self.topology.gpus_per_node)
+
+    @property
+    def input_interval_s(self) -> float:
+        """Seconds between microbatches a replica's loader workers deliver in steady state
+        (0 for synthetic input): each worker prepares a whole microbatch, and workers beyond
+        the replica's share of the node's cores run no faster."""
+        if self.loader_workers == 0:
+            return 0.0
+        cores = self.host_cores_per_replica
+        workers = self.loader_workers if cores is None else min(self.loader_workers, cores)
+        return self.parallel.microbatch_size * self.model.input.loader_cpu_s / workers
 
     @property
     def master_weights(self) -> bool:

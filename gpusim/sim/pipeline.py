@@ -359,6 +359,12 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     critical = max(units, key=lambda u: (stats[u].end, -u[1], -u[0]))
     breakdown = {key: stats[critical].acct.get(key, 0.0) for key in BREAKDOWN_KEYS
                  if comm_slowdown or key != "comm_slowdown"}
+    if job.input_interval_s:
+        # Loader workers run on through every step, so in steady state a replica takes at
+        # least as long as its loaders need to deliver the step's microbatches.
+        loaded = micro * job.input_interval_s
+        breakdown["input_pipeline"] = max(0.0, loaded - step)
+        step = max(step, loaded)
     busy = sum(info.busy for info in stats.values()) / (len(units) * step) if step else 0.0
     passes = replicas * sum(len(schedule(par.schedule, s, pp, micro, v)) for s in range(pp))
     return PipelineResult(step, breakdown, busy, critical[1], passes, Trace(tuple(events)),
