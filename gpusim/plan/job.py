@@ -38,6 +38,8 @@ class TrainingJob:
     ``batch_size`` is the samples per optimizer step; with ``grad_accum`` K it is split into K
     microbatches of ``batch_size / K``. ``frozen`` lists layer-name prefixes whose weights do
     not train. ``loader_workers`` 0 means synthetic data already on the device.
+    ``master_weights`` runs it as Megatron-LM does: 16-bit weights with fp32 master copies,
+    its fused optimizer and its vocab-parallel cross-entropy.
     """
 
     model: Model

@@ -19,7 +19,7 @@ from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
 from gpusim.plan.job import TrainingJob
-from gpusim.workload.attention import Attention
+from gpusim.workload.attention import Attention, CrossEntropy
 from gpusim.workload.layers import Conv2d, Layer, Linear
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
@@ -122,8 +122,17 @@ def _forward_ops(layer: Layer, job: TrainingJob, num: Numerics, phase: Phase) ->
         ops[-1] = replace(ops[-1], layer=layer.name,
                           bytes=layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes),
                           alloc_bytes=layer.params * num.act_bytes)
-    ops += layer.forward(job.microbatch_size, num)
+    if isinstance(layer, CrossEntropy) and job.master_weights:
+        ops += layer.vocab_parallel_forward(job.microbatch_size, num)
+    else:
+        ops += layer.forward(job.microbatch_size, num)
     return [op.with_phase(phase) for op in ops]
+
+
+def _input_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
+    if isinstance(layer, CrossEntropy) and job.master_weights:
+        return layer.vocab_parallel_backward(job.microbatch_size, num)
+    return layer.backward_input(job.microbatch_size, num)
 
 
 def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
@@ -140,7 +149,6 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
     """Forward, recompute and backward ops of one microbatch, in issue order."""
     layers = job.model.layers
     num = job.numerics()
-    n = job.microbatch_size
     first = _first_trainable(job)
     ops: list[Op] = []
     for layer in layers:
@@ -158,7 +166,7 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
         if job.checkpointing == "selective" and isinstance(layer, Attention):
             ops += _forward_ops(layer, job, num, "recompute")
         if i > first:
-            ops += [op.with_phase("backward") for op in layer.backward_input(n, num)]
+            ops += [op.with_phase("backward") for op in _input_grad_ops(layer, job, num)]
         if job.trains_weights(layer):
             ops += [op.with_phase("backward") for op in _weight_grad_ops(layer, job, num)]
     return ops

@@ -176,5 +176,35 @@ class CrossEntropy(Layer):
                           "fp32", alloc_bytes=e * num.act_bytes))
         return self._tag(ops)
 
+    def vocab_parallel_forward(self, n: int, num: Numerics) -> list[Op]:
+        """Megatron-LM's vocab-parallel cross-entropy on logits cast to fp32, pass by pass:
+        a max over the vocabulary, subtract it, exponentiate, sum, divide (the softmax is
+        kept for backward); the max and the sum are all-reduced across TP (a few bytes a
+        row, not counted)."""
+        rows = n * self.rows
+        e = rows * self.classes
+        f32 = DTYPE_BYTES["fp32"]
+        ops = []
+        if num.act_bytes != f32:
+            ops.append(Op(f"{self.name}.cast", "memory", 0.0, e * (num.act_bytes + f32), "fp32",
+                          alloc_bytes=e * f32))
+        ops += [memory_op(f"{self.name}.max", e, rows, f32),
+                memory_op(f"{self.name}.sub_", e, e, f32, allocates=False),
+                memory_op(f"{self.name}.exp", e, e, f32, 3.0, allocates=False),
+                memory_op(f"{self.name}.sum", e, rows, f32),
+                memory_op(f"{self.name}.div_", e, e, f32, allocates=False)]
+        return self._tag(ops)
+
+    def vocab_parallel_backward(self, n: int, num: Numerics) -> list[Op]:
+        """The kept softmax, less one at each target, scaled in place by the loss gradient,
+        then cast back to the logits' type."""
+        e = n * self.rows * self.classes
+        f32 = DTYPE_BYTES["fp32"]
+        ops = [memory_op(f"{self.name}.mul_", e, e, f32, 2.0, allocates=False)]
+        if num.act_bytes != f32:
+            ops.append(Op(f"{self.name}.cast_bwd", "memory", 0.0, e * (f32 + num.act_bytes),
+                          "fp32", alloc_bytes=e * num.act_bytes))
+        return self._tag(ops)
+
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.rows * self.classes * DTYPE_BYTES["fp32"]
