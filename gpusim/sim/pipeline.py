@@ -26,7 +26,8 @@ GPU's NIC while they overlap (``gpusim.sim.shared_link``). Inside a node whose G
 other through shared ports (NVSwitch, PCIe), a pass's tensor-parallel traffic and a
 data-parallel collective that stays in the node share the GPU's links; the pass's traffic is
 taken as one transfer after its kernels. The step ends when every stage has finished its
-optimizer step.
+optimizer step, and, with data-loader workers, no sooner than they can deliver its
+microbatches (steady state: they run on through every step).
 Every duration comes from the plan; the engine only schedules.
 """
 
