@@ -30,7 +30,13 @@ from gpusim.hardware.profile import (
     LinkProfile,
     SystemProfile,
 )
-from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS, TrainingJob
+from gpusim.plan.job import (
+    CHECKPOINTING,
+    DEFAULT_LOADER_WORKERS,
+    OPTIMIZERS,
+    TRAINING_PRECISIONS,
+    TrainingJob,
+)
 from gpusim.plan.lower import lower
 from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
 from gpusim.report import TrainingEstimate
@@ -72,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                            "each block's forward, selective only the attention cores")
     tech.add_argument("--freeze", default="",
                       help="comma-separated layer-name prefixes to freeze (e.g. embed,h.0)")
-    tech.add_argument("--loader-workers", type=int, default=8,
+    tech.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
                       help="data-loader worker processes; 0 for synthetic data on the device")
     many = e.add_argument_group("many GPUs")
     many.add_argument("--num-gpus", type=int, help="GPUs in the job (default 1)")

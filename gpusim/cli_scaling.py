@@ -8,7 +8,12 @@ from typing import Any
 
 from gpusim.errors import InvalidConfig
 from gpusim.explore.scaling import ScalingRow, scaling
-from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.job import (
+    CHECKPOINTING,
+    DEFAULT_LOADER_WORKERS,
+    OPTIMIZERS,
+    TRAINING_PRECISIONS,
+)
 from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
 
 
@@ -46,7 +51,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     s.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES, help="ZeRO stage")
     s.add_argument("--sequence-parallel", action="store_true")
-    s.add_argument("--loader-workers", type=int, default=8,
+    s.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
                    help="data-loader workers per data-parallel replica (default 8; 0: "
                         "synthetic data on the device)")
     s.add_argument("--json", action="store_true", help="print one JSON object")

@@ -11,7 +11,7 @@ from gpusim import units
 from gpusim.errors import InvalidConfig
 from gpusim.estimate import resolve_model, resolve_topology
 from gpusim.explore.search import search
-from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.job import DEFAULT_LOADER_WORKERS, OPTIMIZERS, TRAINING_PRECISIONS
 
 
 def add_parsers(sub: Any) -> None:
@@ -31,6 +31,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--precision", default="bf16", choices=TRAINING_PRECISIONS)
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     s.add_argument("--top", type=int, default=10, help="rows to show and simulate (default 10)")
+    s.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
+                   help=f"data-loader workers per data-parallel replica (default "
+                        f"{DEFAULT_LOADER_WORKERS}; 0: synthetic data on the device)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -53,7 +56,8 @@ def run_search(args: argparse.Namespace) -> int:
     model = resolve_model(args.model, args.seq_len)
     topology, assumed = resolve_topology(args.gpu, args.system, args.num_gpus)
     result = search(model, topology, args.batch_size, precision=args.precision,
-                    optimizer=args.optimizer, top=args.top, progress=_Progress())
+                    optimizer=args.optimizer, top=args.top, loader_workers=args.loader_workers,
+                    progress=_Progress())
     quote = topology.gpu.cloud_price_usd_per_hour()
     price = quote.usd_per_hour if quote else None
     rows = [r.to_json(batch=args.batch_size, tokens=model.tokens_per_sample,
@@ -77,7 +81,8 @@ def run_search(args: argparse.Namespace) -> int:
           f"{'SP':>3} {'recompute':>9} {'step':>10} {'MFU':>6} {'mem/GPU':>10} {'$/step':>8}")
     for i, r in enumerate(rows, 1):
         sched = r["schedule"] + (f" v{r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
-        cost = f"{r['cost_per_step_usd']:.2f}" if r["cost_per_step_usd"] is not None else "n/a"
+        usd = r["cost_per_step_usd"]
+        cost = "n/a" if usd is None else f"{usd:.2f}" if usd >= 0.01 else f"{usd:.2g}"
         mark = "" if r["simulated"] else "*"
         print(f"{i:>3} {r['tp']:>3} {r['pp']:>3} {r['dp']:>5} {r['microbatch_size']:>3} "
               f"{sched:>14} {r['zero']:>4} {'yes' if r['sequence_parallel'] else 'no':>3} "

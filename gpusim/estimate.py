@@ -16,7 +16,13 @@ from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device, load_system
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
-from gpusim.plan.job import Checkpointing, Optimizer, TrainingJob, TrainingPrecision
+from gpusim.plan.job import (
+    DEFAULT_LOADER_WORKERS,
+    Checkpointing,
+    Optimizer,
+    TrainingJob,
+    TrainingPrecision,
+)
 from gpusim.plan.lower import lower
 from gpusim.plan.memory import MemoryPlan, check_fits, memory_plan
 from gpusim.plan.parallel import plan_parallel, stage_memory
@@ -315,7 +321,7 @@ def estimate(
     optimizer: Optimizer = "adam",
     checkpointing: Checkpointing = "none",
     frozen: tuple[str, ...] = (),
-    loader_workers: int = 8,
+    loader_workers: int = DEFAULT_LOADER_WORKERS,
     num_gpus: int = 1,
     system: str | SystemProfile | None = None,
     tp: int = 1,

@@ -16,7 +16,7 @@ from gpusim.cli import main
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.estimate import estimate, simulate_parallel_step
-from gpusim.explore.search import candidates
+from gpusim.explore.search import candidates, search
 from gpusim.hardware.catalog import load_gpu, load_system
 from gpusim.plan.parallel import plan_parallel, stage_memory, tied_embedding_params
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
@@ -410,6 +410,24 @@ def test_search_tries_every_virtual_stage_count_that_splits_the_blocks() -> None
     found = {c.virtual_stages for c, _ in candidates(GPT, Topology.build("dgx-a100", 16), 64)
              if c.schedule == "interleaved" and c.pipeline == 4}
     assert found == {2, 3, 6}
+
+
+def test_search_gives_cnns_the_large_microbatches_they_need() -> None:
+    """A CNN's convolutions fill the GPU only at hundreds of images a microbatch; selective
+    recompute (attention cores) means nothing without attention."""
+    found = list(candidates(zoo.get("resnet50"), Topology.build("dgx-h100", 8), 2048))
+    assert {c.microbatch_size for c, _ in found} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert {rec for _, rec in found} == {"none", "full"}
+    gpt = {c.microbatch_size for c, _ in candidates(GPT, Topology.build("dgx-a100", 16), 64)}
+    assert max(gpt) == 16
+    best = search(zoo.get("resnet50"), Topology.build("dgx-h100", 8), 2048, top=3).ranked[0]
+    assert best.config.microbatch_size >= 64
+    # With 8 loader workers a replica (2.5 ms an image), no split beats its loaders.
+    fed = search(zoo.get("resnet50"), Topology.build("dgx-h100", 8), 2048, top=3,
+                 loader_workers=8).ranked
+    loaders = 256 * 2.5e-3 / 8
+    assert fed[0].step_time_s == pytest.approx(loaders)
+    assert all(r.step_time_s >= loaders * (1 - 1e-9) for r in fed)
 
 
 # --- frozen layers -----------------------------------------------------------------------

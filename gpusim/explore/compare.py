@@ -19,7 +19,7 @@ from gpusim.estimate import estimate, resolve_model
 from gpusim.explore.search import search
 from gpusim.hardware.catalog import load_device
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
-from gpusim.plan.job import Checkpointing, TrainingPrecision
+from gpusim.plan.job import DEFAULT_LOADER_WORKERS, Checkpointing, TrainingPrecision
 from gpusim.pricing import Pricing, RunCost, run_cost
 from gpusim.report import TrainingEstimate
 from gpusim.workload.model import Model
@@ -139,7 +139,8 @@ def _fit_many(model: Model, gpu: GPUProfile, num: int, batch: int,
     topology = Topology.build(system, num, gpu)
     precision = options["precision"]
     found = search(model, topology, batch, precision=precision,
-                   optimizer=options.get("optimizer", "adam"), top=3)
+                   optimizer=options.get("optimizer", "adam"), top=3,
+                   loader_workers=options.get("loader_workers", DEFAULT_LOADER_WORKERS))
     if not found.ranked:
         why = found.rejected[0][1] if found.rejected else "no split divides the job"
         raise GpusimError(f"no split of {num} x {gpu.name} fits: {why}")

@@ -26,7 +26,10 @@ from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
 
+# A transformer's GEMMs are large at a few sequences a microbatch; a CNN's or an MLP's need
+# hundreds of samples, so theirs run in powers of two up to what a replica holds (capped).
 MICROBATCHES = (1, 2, 4, 8, 16)
+LARGEST_SAMPLE_MICROBATCH = 1024
 RECOMPUTE: tuple[Checkpointing, ...] = ("none", "selective", "full")
 # Most model chunks per stage the search tries for interleaved 1F1B: V chunks cut the bubble
 # to (PP - 1) / V passes but send V times as many activations (SC'21 Table 1 ran V of 2-3).
@@ -79,6 +82,9 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
     heads = next((la.heads for la in model.layers if isinstance(la, Attention)), 1)
     blocks = len(model.partition()[1])
     transformer = model.family == "transformer"
+    # Selective recompute re-runs attention cores only: without them it is no recompute.
+    recomputes = RECOMPUTE if any(isinstance(la, Attention) for la in model.layers) else tuple(
+        r for r in RECOMPUTE if r != "selective")
     tps = [t for t in _divisors(topology.gpus_per_node)
            if heads % t == 0 and (transformer or t == 1)]
     for tp in tps:
@@ -86,7 +92,7 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
             if pp > 1 and (not transformer or blocks % pp):
                 continue
             dp = topology.num_gpus // (tp * pp)
-            for mb in MICROBATCHES:
+            for mb in _microbatches(model, batch // dp):
                 if batch % (mb * dp):
                     continue
                 micro = batch // (mb * dp)
@@ -97,7 +103,7 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
                 zeros = (0, 1) if pp > 1 else (0, 1, 2, 3)
                 sps = (False, True) if tp > 1 else (False,)
                 for (sched, v), zero, sp, rec in itertools.product(schedules, zeros, sps,
-                                                                   RECOMPUTE):
+                                                                   recomputes):
                     if dp == 1 and zero:
                         continue
                     yield (ParallelConfig(tensor=tp, pipeline=pp, data=dp, microbatch_size=mb,
@@ -105,11 +111,18 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
                                           sequence_parallel=sp), rec)
 
 
+def _microbatches(model: Model, per_replica: int) -> tuple[int, ...]:
+    if model.tokens_per_sample:
+        return MICROBATCHES
+    cap = min(per_replica, LARGEST_SAMPLE_MICROBATCH)
+    return tuple(2**i for i in range(cap.bit_length()) if 2**i <= cap)
+
+
 def closed_form_step(plan: ParallelPlan) -> float:
     """Step time without the event simulation: M microbatches through p stages take
     (M + (p - 1) / v) passes of the slowest stage, plus transfers, the exposed gradient
-    reduction and the optimizer. Exact for uniform stages and free transfers (the simulator's
-    1F1B test checks the same formula)."""
+    reduction and the optimizer, and no less than the loaders need. Exact for uniform stages
+    and free transfers (the simulator's 1F1B test checks the same formula)."""
     job = plan.job
     p = job.parallel
     m, stages, v = job.microbatches, p.pipeline, p.virtual_stages
@@ -127,8 +140,10 @@ def closed_form_step(plan: ParallelPlan) -> float:
         step = m * (max(fwd, ag) + max(bwd, ag + rs)) + optimizer
         if p.zero == 3:
             block = max(c.largest_block_params for c in st.chunks)
-            return step + plan.collective_s("all_gather", "data", block * weight)
-        return step + plan.collective_s("all_gather", "data", st.trainable_params * weight)
+            step += plan.collective_s("all_gather", "data", block * weight)
+        else:
+            step += plan.collective_s("all_gather", "data", st.trainable_params * weight)
+        return max(step, m * job.input_interval_s)
     per_stage = [sum(c.forward.duration_s + c.backward.duration_s for c in st.chunks)
                  for st in plan.stages]
     slowest = max(per_stage)
@@ -146,13 +161,15 @@ def closed_form_step(plan: ParallelPlan) -> float:
     tied = tied_embedding_params(job)
     if tied:
         exposed += plan.collective_s("all_reduce", "embedding", tied * grad)
-    return pipeline + exposed + optimizer
+    return max(pipeline + exposed + optimizer, m * job.input_interval_s)
 
 
 def search(model: Model, topology: Topology, batch: int, *,
            precision: TrainingPrecision = "bf16", optimizer: Optimizer = "adam", top: int = 10,
+           loader_workers: int = 0,
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Rank every valid configuration of ``model`` on ``topology`` for global ``batch``."""
+    """Rank every valid configuration of ``model`` on ``topology`` for global ``batch``
+    (``loader_workers`` per data-parallel replica; 0 feeds synthetic input)."""
     start = time.perf_counter()
     options = list(candidates(model, topology, batch))
     chunk_cache: dict[Any, Any] = {}
@@ -163,7 +180,8 @@ def search(model: Model, topology: Topology, batch: int, *,
             progress(i, len(options))
         label = f"{config.describe()}, recompute {rec}"
         try:
-            job = ParallelJob(model, topology, batch, config, precision, optimizer, rec)
+            job = ParallelJob(model, topology, batch, config, precision, optimizer, rec,
+                              loader_workers=loader_workers)
             plan = plan_parallel(job, cache=chunk_cache)
             edges = {0, len(plan.stages) - 1}  # the first stage keeps most activations
             mems = [stage_memory(plan, plan.stages[s]) for s in sorted(edges)]

@@ -25,6 +25,10 @@ OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum")
 Checkpointing = Literal["none", "selective", "full"]
 CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 
+# Data-loader worker processes a training process starts unless told otherwise (a common
+# DataLoader num_workers in ImageNet recipes; 0 is synthetic data on the device).
+DEFAULT_LOADER_WORKERS = 8
+
 
 def in_prefix(name: str, prefix: str) -> bool:
     """Whether layer ``name`` is ``prefix`` or inside it ("h.1" holds "h.1.mlp", not "h.10")."""
@@ -50,7 +54,7 @@ class TrainingJob:
     optimizer: Optimizer = "adam"
     checkpointing: Checkpointing = "none"
     frozen: tuple[str, ...] = ()
-    loader_workers: int = 8
+    loader_workers: int = DEFAULT_LOADER_WORKERS
     master_weights: bool = False
     input_requires_grad: bool = False
 
