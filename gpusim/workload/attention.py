@@ -153,28 +153,37 @@ class CrossEntropy(Layer):
     def out_elements(self) -> int:
         return 1
 
+    def _cast_up(self, e: int, num: Numerics) -> list[Op]:
+        """16-bit logits cast to fp32 before the loss (nothing for fp32 logits)."""
+        f32 = DTYPE_BYTES["fp32"]
+        if num.act_bytes == f32:
+            return []
+        return [Op(f"{self.name}.cast", "memory", 0.0, e * (num.act_bytes + f32), "fp32",
+                   alloc_bytes=e * f32)]
+
+    def _cast_down(self, e: int, num: Numerics) -> list[Op]:
+        """The fp32 gradient of the logits cast back to their type."""
+        f32 = DTYPE_BYTES["fp32"]
+        if num.act_bytes == f32:
+            return []
+        return [Op(f"{self.name}.cast_bwd", "memory", 0.0, e * (f32 + num.act_bytes), "fp32",
+                   alloc_bytes=e * num.act_bytes)]
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
         e = rows * self.classes
         f32 = DTYPE_BYTES["fp32"]
-        ops = []
-        if num.act_bytes != f32:
-            ops.append(Op(f"{self.name}.cast", "memory", 0.0, e * (num.act_bytes + f32), "fp32",
-                          alloc_bytes=e * f32))
-        ops.append(memory_op(f"{self.name}.log_softmax", e, e, f32, 5.0))
-        ops.append(memory_op(f"{self.name}.nll", rows, 1, f32))
-        return self._tag(ops)
+        return self._tag([*self._cast_up(e, num),
+                          memory_op(f"{self.name}.log_softmax", e, e, f32, 5.0),
+                          memory_op(f"{self.name}.nll", rows, 1, f32)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
         e = rows * self.classes
         f32 = DTYPE_BYTES["fp32"]
-        ops = [memory_op(f"{self.name}.nll_bwd", rows, e, f32, 0.0),
-               memory_op(f"{self.name}.log_softmax_bwd", 2 * e, e, f32, 2.0)]
-        if num.act_bytes != f32:
-            ops.append(Op(f"{self.name}.cast_bwd", "memory", 0.0, e * (f32 + num.act_bytes),
-                          "fp32", alloc_bytes=e * num.act_bytes))
-        return self._tag(ops)
+        return self._tag([memory_op(f"{self.name}.nll_bwd", rows, e, f32, 0.0),
+                          memory_op(f"{self.name}.log_softmax_bwd", 2 * e, e, f32, 2.0),
+                          *self._cast_down(e, num)])
 
     def vocab_parallel_forward(self, n: int, num: Numerics) -> list[Op]:
         """Megatron-LM's vocab-parallel cross-entropy on logits cast to fp32, pass by pass:
@@ -184,27 +193,20 @@ class CrossEntropy(Layer):
         rows = n * self.rows
         e = rows * self.classes
         f32 = DTYPE_BYTES["fp32"]
-        ops = []
-        if num.act_bytes != f32:
-            ops.append(Op(f"{self.name}.cast", "memory", 0.0, e * (num.act_bytes + f32), "fp32",
-                          alloc_bytes=e * f32))
-        ops += [memory_op(f"{self.name}.max", e, rows, f32),
-                memory_op(f"{self.name}.sub_", e, e, f32, allocates=False),
-                memory_op(f"{self.name}.exp", e, e, f32, 3.0, allocates=False),
-                memory_op(f"{self.name}.sum", e, rows, f32),
-                memory_op(f"{self.name}.div_", e, e, f32, allocates=False)]
-        return self._tag(ops)
+        return self._tag([*self._cast_up(e, num),
+                          memory_op(f"{self.name}.max", e, rows, f32),
+                          memory_op(f"{self.name}.sub_", e, e, f32, allocates=False),
+                          memory_op(f"{self.name}.exp", e, e, f32, 3.0, allocates=False),
+                          memory_op(f"{self.name}.sum", e, rows, f32),
+                          memory_op(f"{self.name}.div_", e, e, f32, allocates=False)])
 
     def vocab_parallel_backward(self, n: int, num: Numerics) -> list[Op]:
         """The kept softmax, less one at each target, scaled in place by the loss gradient,
         then cast back to the logits' type."""
         e = n * self.rows * self.classes
         f32 = DTYPE_BYTES["fp32"]
-        ops = [memory_op(f"{self.name}.mul_", e, e, f32, 2.0, allocates=False)]
-        if num.act_bytes != f32:
-            ops.append(Op(f"{self.name}.cast_bwd", "memory", 0.0, e * (f32 + num.act_bytes),
-                          "fp32", alloc_bytes=e * num.act_bytes))
-        return self._tag(ops)
+        return self._tag([memory_op(f"{self.name}.mul_", e, e, f32, 2.0, allocates=False),
+                          *self._cast_down(e, num)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.rows * self.classes * DTYPE_BYTES["fp32"]
