@@ -53,8 +53,7 @@ _FUSED_UPDATE = {"adam": ("fused_adam", 4, 3), "adamw": ("fused_adam", 4, 3),
 
 def _megatron_passes(job: TrainingJob) -> list[Pass]:
     name, reads, writes = _FUSED_UPDATE[job.optimizer]
-    scaled: list[Pass] = [
-        ("copy_main_grads", 0.5, 1, True), ("unscale_", 1, 1, False)]
+    scaled: list[Pass] = [("copy_main_grads", 0.5, 1, True), ("unscale_", 1, 1, False)]
     return [*(scaled if job.precision == "fp16" else []), ("grad_norm", 1, 0, False),
             (name, reads, writes, False), ("copy_main_params", 1, 0.5, False)]
 
