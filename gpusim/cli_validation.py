@@ -32,6 +32,9 @@ def add_parsers(sub: Any) -> None:
                    help="a few cases of each kind only (a smoke test, not for calibration)")
     m.add_argument("--no-layers", action="store_true",
                    help="models suite: time whole steps only, not each layer")
+    m.add_argument("--max-minutes", type=float, default=None,
+                   help="stop starting cases after this long and write what was measured "
+                        "(the rest are recorded as skipped); default: no limit")
 
     c = sub.add_parser(
         "calibrate", help="fit a device's efficiencies to its measured micro suite",
@@ -66,7 +69,7 @@ def measure(args: argparse.Namespace) -> int:
             f"measuring needs PyTorch ({exc.name} is missing): pip install torch"
         ) from exc
     path = runner.run(args.suite, args.out, args.device, args.repeats, args.quick,
-                      layers=not args.no_layers)
+                      layers=not args.no_layers, max_minutes=args.max_minutes)
     print(f"wrote {path}")
     return 0
 

@@ -9,6 +9,7 @@ FLOP or byte cap, which the file records.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -278,3 +279,164 @@ def time_host_copy(size_bytes: int, direction: str, pinned: bool, device: torch.
     if direction == "h2d":
         return time_call(lambda: dev.copy_(host, non_blocking=pinned), device, repeats=repeats)
     return time_call(lambda: host.copy_(dev, non_blocking=pinned), device, repeats=repeats)
+
+
+def misaligned_gemm_shapes() -> list[tuple[int, int, int]]:
+    """Dimensions that are not multiples of 8 or 16: cuBLAS falls back to slower tiles or
+    pads, so these are kept apart from the aligned sweep (``misaligned`` in the file)."""
+    return [(1000, 1000, 1000), (4095, 4096, 4096), (4096, 4096, 4095), (4097, 4097, 4097),
+            (8191, 8192, 1023), (50257, 768, 4096), (4096, 50257, 768)]
+
+
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+
+
+def sdpa_shapes(tokens: int) -> list[dict[str, Any]]:
+    """(batch, heads, kv_heads, seq, head_dim, causal) at ``tokens`` tokens per batch: the
+    sequence lengths, head sizes and grouped-query layouts of today's models."""
+    rows = [(16, 16, 512, 64, False), (16, 16, 1024, 64, True), (32, 32, 2048, 128, True),
+            (32, 8, 2048, 128, True), (32, 8, 4096, 128, True), (32, 8, 8192, 128, True),
+            (16, 16, 2048, 64, False), (32, 32, 4096, 128, False), (64, 8, 4096, 128, True)]
+    return [{"batch": max(1, tokens // s), "heads": h, "kv_heads": kv, "seq": s,
+             "head_dim": d, "causal": c} for h, kv, s, d, c in rows]
+
+
+def sdpa_backend_chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                        gqa: bool) -> str:
+    """The backend PyTorch's SDPA dispatch picks for these inputs (its own choice function)."""
+    try:
+        from torch.nn.attention import SDPBackend
+        chosen = torch._fused_sdp_choice(q, k, v, is_causal=causal, enable_gqa=gqa)
+        names = {int(b.value): b.name for b in SDPBackend.__members__.values()}
+        return {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+                "CUDNN_ATTENTION": "cudnn", "MATH": "math"}.get(names.get(int(chosen), ""),
+                                                                 str(chosen))
+    except (AttributeError, RuntimeError, TypeError, ValueError) as exc:
+        return f"unknown ({type(exc).__name__})"
+
+
+def default_sdpa_backend(shape: dict[str, Any], precision: str, device: torch.device) -> str:
+    """The backend SDPA picks for an attention shape (``kv_heads`` < ``heads``: GQA)."""
+    b, s, d = shape["batch"], shape["seq"], shape["head_dim"]
+    kv = shape.get("kv_heads", shape["heads"])
+    dtype = TORCH_DTYPES[precision]
+    q = torch.empty(b, shape["heads"], s, d, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.empty(b, kv, s, d, device=device, dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    return sdpa_backend_chosen(q, k, v, shape["causal"], kv != shape["heads"])
+
+
+def time_sdpa(shape: dict[str, Any], backend: str | None, device: torch.device,
+              repeats: int) -> dict[str, Timing]:
+    """Forward and backward of bf16 SDPA restricted to one backend (``None``: PyTorch's own
+    choice), with grouped-query attention when ``kv_heads`` < ``heads``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kinds = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    b, s, d = shape["batch"], shape["seq"], shape["head_dim"]
+    gqa = shape["kv_heads"] != shape["heads"]
+    q = torch.randn(b, shape["heads"], s, d, device=device, dtype=torch.bfloat16,
+                    requires_grad=True)
+    k, v = (torch.randn(b, shape["kv_heads"], s, d, device=device, dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))
+    state: dict[str, Any] = {}
+
+    def forward() -> Any:
+        ctx = sdpa_kernel([kinds[backend]]) if backend else contextlib.nullcontext()
+        with ctx:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=shape["causal"],
+                                                  enable_gqa=gqa)
+
+    def setup() -> None:
+        q.grad = k.grad = v.grad = None
+        state["out"] = forward()
+        state["grad"] = torch.randn_like(state["out"])
+
+    out = {"forward": time_call(forward, device, repeats=repeats),
+           "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
+                                 setup=setup, repeats=repeats)}
+    state.clear()
+    return out
+
+
+
+
+NORM_OPS = ("layer_norm", "rms_norm", "softmax", "gelu", "silu_mul", "cross_entropy")
+
+
+def kernel_sizes(max_bytes: float) -> list[tuple[int, int]]:
+    """(rows, columns) from a few KB to about 1 GB of bf16 input: columns as hidden sizes and
+    vocabularies use them, rows as token counts."""
+    out = []
+    for cols in (1024, 4096, 8192):
+        for rows in (16, 256, 4096, 16384, 65536):
+            if rows * cols * 2 <= max_bytes:
+                out.append((rows, cols))
+    return out
+
+
+def cross_entropy_sizes(max_bytes: float) -> list[tuple[int, int]]:
+    """(tokens, vocabulary) as language models meet them."""
+    return [(t, v) for v in (32000, 50257, 128256) for t in (512, 2048, 8192)
+            if t * v * 4 <= max_bytes]
+
+
+def time_row_kernel(op: str, rows: int, cols: int, device: torch.device,
+                    repeats: int, cache_bytes: float) -> dict[str, Timing]:
+    """A bf16 row-wise kernel, forward and backward, as eager PyTorch runs it: layer and RMS
+    norm with a weight, softmax, tanh-GELU, SwiGLU's silu(a) * b, and cross-entropy (bf16
+    logits cast to fp32, then log-softmax and NLL, as autocast does)."""
+    dtype = torch.bfloat16
+    width = 2 * cols if op == "silu_mul" else cols
+    weight = torch.randn(cols, device=device, dtype=dtype, requires_grad=True)
+    target = torch.randint(0, cols, (rows,), device=device)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if op == "layer_norm":
+            return F.layer_norm(x, (cols,), weight)
+        if op == "rms_norm":
+            return F.rms_norm(x, (cols,), weight)
+        if op == "softmax":
+            return torch.softmax(x, dim=-1)
+        if op == "gelu":
+            return F.gelu(x, approximate="tanh")
+        if op == "silu_mul":
+            a, b = x.chunk(2, dim=-1)
+            return F.silu(a) * b
+        return F.cross_entropy(x.float(), target)
+
+    sets = _rotated(lambda: torch.randn(rows, width, device=device, dtype=dtype,
+                                        requires_grad=True), 3 * rows * width * 2, cache_bytes)
+    state: dict[str, Any] = {"i": 0}
+
+    def forward() -> Any:
+        state["i"] = (state["i"] + 1) % len(sets)
+        return fn(sets[state["i"]])
+
+    def setup() -> None:
+        weight.grad = None
+        for x in sets:
+            x.grad = None
+        state["out"] = forward()
+        state["grad"] = None if state["out"].dim() == 0 else torch.randn_like(state["out"])
+
+    out = {"forward": time_call(forward, device, repeats=repeats),
+           "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
+                                 setup=setup, repeats=repeats)}
+    state.clear()
+    return out
+
+
+ADAM_IMPLS = ("fused", "foreach", "for-loop")
+
+
+def time_adamw(params: int, impl: str, device: torch.device, repeats: int) -> Timing:
+    """One AdamW step over ``params`` fp32 parameters in 32 tensors (weight, gradient and two
+    moments: 16 bytes read and 12 written per parameter), by implementation."""
+    per = max(1, params // 32)
+    weights = [torch.randn(per, device=device, requires_grad=True) for _ in range(32)]
+    for w in weights:
+        w.grad = torch.randn_like(w)
+    kwargs: dict[str, Any] = {"fused": impl == "fused", "foreach": impl == "foreach"}
+    opt = torch.optim.AdamW(weights, lr=1e-4, **kwargs)
+    return time_call(opt.step, device, repeats=repeats)

@@ -173,8 +173,9 @@ def _time_layer(call: LayerCall, net: Network, case: ModelCase, device: torch.de
 
 
 def measure_step(net: Network, case: ModelCase, device: torch.device,
-                 repeats: int) -> tuple[Timing, int | None]:
-    """The whole training step; peak memory (CUDA only) over the timed steps."""
+                 repeats: int) -> tuple[Timing, int | None, int | None]:
+    """The whole training step; peak memory allocated and reserved by PyTorch's caching
+    allocator (CUDA only) over the timed steps."""
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler(device.type) if case.precision == "fp16" else None
 
@@ -194,8 +195,10 @@ def measure_step(net: Network, case: ModelCase, device: torch.device,
         torch.cuda.reset_peak_memory_stats(device)
     timing = time_call(step, device, repeats=repeats, loop=False)
     synchronize(device)
-    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-    return timing, peak
+    if device.type != "cuda":
+        return timing, None, None
+    return (timing, int(torch.cuda.max_memory_allocated(device)),
+            int(torch.cuda.max_memory_reserved(device)))
 
 
 def measure_case(case: ModelCase, device: torch.device, repeats: int,
@@ -204,11 +207,12 @@ def measure_case(case: ModelCase, device: torch.device, repeats: int,
     model = model_from_spec(case.spec)
     torch.manual_seed(0)
     net = Network(model, case.batch_size, device, inplace=True)
-    step, peak = measure_step(net, case, device, repeats)
+    step, peak, reserved = measure_step(net, case, device, repeats)
     row: dict[str, Any] = {
         "id": case.id, "kind": "training_step", "model": case.spec,
         "batch_size": case.batch_size, "precision": case.precision,
         "optimizer": case.optimizer, "step": step.to_dict(), "peak_memory_bytes": peak,
+        "peak_reserved_bytes": reserved,
     }
     if layers:
         row["layers"] = measure_layers(Network(model, case.batch_size, device, inplace=False),

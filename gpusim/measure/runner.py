@@ -75,6 +75,11 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                 yield ({"id": f"gemm/{prec}/{m}x{n}x{k}", "kind": "gemm", "precision": prec,
                         "m": m, "n": n, "k": k},
                        lambda r, m=m, n=n, k=k, p=prec: micro.time_gemm(m, n, k, p, device, r))
+        for m, n, k in micro.misaligned_gemm_shapes()[: 1 if quick else None]:
+            if 2.0 * m * n * k <= lim.max_gemm_flops:
+                yield ({"id": f"gemm/{prec}/{m}x{n}x{k}", "kind": "gemm", "precision": prec,
+                        "m": m, "n": n, "k": k, "misaligned": True},
+                       lambda r, m=m, n=n, k=k, p=prec: micro.time_gemm(m, n, k, p, device, r))
         if lim.fp8 and prec == "bf16":
             for m, n, k in shapes:
                 if 2.0 * m * n * k <= lim.max_gemm_flops and not (m % 16 or n % 16 or k % 16):
@@ -103,14 +108,17 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
             key = "x".join(str(shape[k]) for k in ("batch", "heads", "seq", "head_dim"))
             key += "-causal" if shape["causal"] else ""
             yield ({"id": f"attention/{prec}/{key}", "kind": "attention", "precision": prec,
-                    **shape},
+                    "backend": micro.default_sdpa_backend(shape, prec, device), **shape},
                    lambda r, s=shape, p=prec: micro.time_attention(s, p, device, r))
+    yield from _sdpa_cases(device, quick)
     sizes = micro.elementwise_sizes(lim.max_bytes)
     for op in ("copy", "add", "sum", "add_alloc"):
         for size in sizes[::3] if quick else sizes:
             yield ({"id": f"elementwise/{op}/{size}", "kind": "elementwise", "op": op,
                     "bytes": size, "dtype": "fp32"},
                    lambda r, o=op, s=size: micro.time_elementwise(o, s, device, r, cache))
+    yield from _row_kernel_cases(device, quick, lim.max_bytes / 4, cache)
+    yield from _adamw_cases(device, quick)
     if device.type == "cuda":
         for direction in ("h2d", "d2h"):
             for pinned in (True, False):
@@ -122,14 +130,79 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                            micro.time_host_copy(s, d, p, device, r))
 
 
-def _run_micro(device: torch.device, repeats: int, quick: bool) -> list[dict[str, Any]]:
+def _sdpa_cases(device: torch.device, quick: bool) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
+    """SDPA restricted to each backend in turn, and left to choose (``auto``)."""
+    cuda = device.type == "cuda"
+    shapes = micro.sdpa_shapes(16384 if cuda else 256)[: 2 if quick or not cuda else None]
+    backends = (*micro.SDPA_BACKENDS, None) if cuda else ("flash", "math", None)
+    for shape in shapes:
+        for backend in backends:
+            key = "x".join(str(shape[k]) for k in ("batch", "heads", "kv_heads", "seq",
+                                                    "head_dim"))
+            key += "-causal" if shape["causal"] else ""
+            name = backend or "auto"
+            yield ({"id": f"sdpa/{name}/{key}", "kind": "sdpa", "precision": "bf16",
+                    "backend": name, **shape,
+                    **({} if backend else
+                       {"chosen": micro.default_sdpa_backend(shape, "bf16", device)})},
+                   lambda r, s=shape, b=backend: micro.time_sdpa(s, b, device, r))
+
+
+def _row_kernel_cases(device: torch.device, quick: bool, max_bytes: float,
+                      cache: float) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
+    """Norms, softmax, activations and cross-entropy, forward and backward, in bf16."""
+    for op in micro.NORM_OPS:
+        sizes = (micro.cross_entropy_sizes(max_bytes) if op == "cross_entropy"
+                 else micro.kernel_sizes(max_bytes))
+        for rows, cols in sizes[::4] if quick else sizes:
+            yield ({"id": f"kernel/{op}/{rows}x{cols}", "kind": "row_kernel", "op": op,
+                    "rows": rows, "cols": cols, "precision": "bf16"},
+                   lambda r, o=op, m=rows, n=cols: micro.time_row_kernel(o, m, n, device, r,
+                                                                         cache))
+
+
+def _adamw_cases(device: torch.device, quick: bool) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], Timing]]]:
+    """One AdamW step by implementation, from a million to a quarter billion parameters."""
+    sizes = [2**20, 2**24, 2**28] if device.type == "cuda" else [2**16, 2**20, 2**22]
+    for impl in micro.ADAM_IMPLS:
+        for params in sizes[:1] if quick else sizes:
+            yield ({"id": f"adamw/{impl}/{params}", "kind": "optimizer", "impl": impl,
+                    "params": params, "optimizer": "adamw"},
+                   lambda r, i=impl, n=params: micro.time_adamw(n, i, device, r))
+
+
+class Deadline:
+    """When to stop starting cases (``None``: never), so a lease-bound run still writes."""
+
+    def __init__(self, minutes: float | None) -> None:
+        if minutes is not None and not (minutes > 0 and minutes < float("inf")):
+            raise InvalidConfig(f"--max-minutes must be a positive number, not {minutes}")
+        self.end = None if minutes is None else time.perf_counter() + 60.0 * minutes
+
+    def passed(self) -> bool:
+        return self.end is not None and time.perf_counter() > self.end
+
+
+TIME_LIMIT = "time limit (--max-minutes) reached before this case"
+
+
+def _run_micro(device: torch.device, repeats: int, quick: bool,
+               deadline: Deadline) -> list[dict[str, Any]]:
     rows = []
     cases = list(micro_cases(device, quick))
     for i, (case, fn) in enumerate(cases, 1):
+        if deadline.passed():
+            rows.append({**case, "skipped": TIME_LIMIT})
+            continue
         try:
             out = fn(repeats)
         except (RuntimeError, TypeError, ValueError) as exc:  # an op this build lacks
             rows.append({**case, "skipped": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            if device.type == "cuda":  # give back what a failed (e.g. out-of-memory) case held
+                torch.cuda.empty_cache()
             _progress(i, len(cases), case["id"], None)
             continue
         if isinstance(out, dict):
@@ -144,12 +217,15 @@ def _run_micro(device: torch.device, repeats: int, quick: bool) -> list[dict[str
 
 
 def _run_models(device: torch.device, repeats: int, quick: bool,
-                layers: bool) -> list[dict[str, Any]]:
+                layers: bool, deadline: Deadline) -> list[dict[str, Any]]:
     cases = models.gpu_cases() if device.type == "cuda" else models.cpu_cases()
     if quick:
         cases = [c for c in cases if c.spec.get("zoo") == "mnist-mlp"][:2]
     rows = []
     for i, case in enumerate(cases, 1):
+        if deadline.passed():
+            rows.append({"id": case.id, "kind": "training_step", "skipped": TIME_LIMIT})
+            continue
         try:
             row = models.measure_case(case, device, repeats, layers)
         except torch.OutOfMemoryError:
@@ -183,20 +259,22 @@ def summary_table(data: dict[str, Any]) -> str:
 
 
 def run(suite: str, out_dir: str | Path, device_name: str | None = None,
-        repeats: int = REPEATS, quick: bool = False, layers: bool = True) -> Path:
+        repeats: int = REPEATS, quick: bool = False, layers: bool = True,
+        max_minutes: float | None = None) -> Path:
     """Measure ``suite`` on this machine and write ``<out_dir>/<suite>.json``."""
     if suite not in results.SUITES:
         raise InvalidConfig(f"unknown suite {suite!r}; use micro or models")
     if repeats < 1:
         raise InvalidConfig("repeats must be at least 1")
+    deadline = Deadline(max_minutes)
     device = torch_device()
     profile = resolve_device(device_name, device)
     info = provenance.collect(device)
     started = time.perf_counter()
     if suite == "micro":
-        cases = _run_micro(device, repeats, quick)
+        cases = _run_micro(device, repeats, quick, deadline)
     else:
-        cases = _run_models(device, repeats, quick, layers)
+        cases = _run_models(device, repeats, quick, layers, deadline)
     info["seconds"] = round(time.perf_counter() - started, 1)
     if device.type == "cuda":
         info["clocks_after"] = provenance.gpu_clocks()
