@@ -40,11 +40,17 @@ def add_parsers(sub: Any) -> None:
         "calibrate", help="fit a device's efficiencies to its measured micro suite",
         description="Fit the calibration of the device measured in a micro-suite file (and "
                     "from nothing else) and write it where predictions will use it.")
-    c.add_argument("--from", dest="source", required=True,
-                   help="micro-suite file, e.g. measurements/<device>/micro.json")
+    c.add_argument("--from", dest="source", required=True, action="append",
+                   help="micro-suite file, e.g. measurements/<device>/micro.json; give it "
+                        "again for repeated runs of one device (pooled; host figures their "
+                        "median)")
     c.add_argument("--out", help="calibration file to write (default: "
                                  "hardware_profiles/calibration/<device>.yaml)")
     c.add_argument("--dry-run", action="store_true", help="show the fit; write nothing")
+    c.add_argument("--for-architecture", action="store_true",
+                   help="write the fit as the calibration of the measured device's whole "
+                        "architecture (hardware_profiles/calibration/<architecture>.yaml), "
+                        "used by every GPU of it without a fit of its own")
 
     v = sub.add_parser(
         "validate", help="compare predictions with every committed measurement",
@@ -76,8 +82,10 @@ def measure(args: argparse.Namespace) -> int:
 
 def calibrate(args: argparse.Namespace) -> int:
     result = fit.fit(args.source)
+    if args.for_architecture:
+        result = fit.for_architecture(result)
     cal = result.calibration
-    print(f"calibration of {cal.device} from {result.source}")
+    print(f"calibration of {cal.device or cal.architecture} from {result.source}")
     print(f"  {'group':<11}{'cases':>6}{'error before':>14}{'after':>8}  worst case after")
     for g in result.groups:
         print(f"  {g.group:<11}{g.cases:>6}{g.error_before:>14.1%}{g.error_after:>8.1%}  "
@@ -89,7 +97,8 @@ def calibrate(args: argparse.Namespace) -> int:
           f"kernel gap {o.kernel_us:.3g} us, autograd {o.autograd_us:.3g} us per op, module "
           f"call {o.module_us:.3g} us, backward() call {o.backward_call_us:.3g} us")
     if not args.dry_run:
-        out = fit.write(result, args.out or fit.default_output(str(cal.device)))
+        out = fit.write(result, args.out or fit.default_output(str(cal.device or
+                                                                   cal.architecture)))
         print(f"wrote {out.name} ({len(result.groups)} groups fitted)")
     return 0
 

@@ -28,12 +28,13 @@ from typing import Any
 
 import yaml
 
-from gpusim.calibrate.micro_ops import predict
+from gpusim.calibrate.micro_ops import numerics, predict
 from gpusim.errors import InvalidMeasurement
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog, profiles_dir
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
+from gpusim.workload.ops import TENSOR_CORE_MATH
 
 Path_ = tuple[str, ...]  # a parameter's place in the calibration, e.g. ("gemm", "ramp_us")
 ROUNDS = 3
@@ -127,14 +128,21 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     def of(pred: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
         return [c for c in cases if "median_s" in c and pred(c)]
 
-    gemm = of(lambda c: c["kind"] == "gemm")
+    gemm = of(lambda c: c["kind"] == "gemm" and not c.get("misaligned"))
     precisions = sorted({c["precision"] for c in gemm})
+    misaligned = of(lambda c: c["kind"] == "gemm" and bool(c.get("misaligned")))
+    conv = of(lambda c: c["kind"] == "conv")
+    conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
     out: list[Group] = [
         ("memory", of(lambda c: c["kind"] == "elementwise" and c["op"] != "add_alloc"),
          [(("memory", "max_efficiency"), "efficiency"), (("memory", "ramp_us"), "us")]),
         ("gemm", gemm, [(("gemm", "max_efficiency", p), "efficiency") for p in precisions]
          + [(("gemm", "ramp_us"), "us")]),
-        ("conv", of(lambda c: c["kind"] == "conv"), [(("gemm", "conv_factor"), "factor")]),
+        ("misaligned", misaligned,
+         [(("gemm", "misaligned_factor", p), "factor")
+          for p in sorted({c["precision"] for c in misaligned} & TENSOR_CORE_MATH)]),
+        ("conv", conv, [(("gemm", "conv_factors", m), "factor") for m in conv_math]
+         + ([(("overhead", "conv_us"), "us")] if device.is_gpu else [])),
         ("attention", of(lambda c: c["kind"] == "attention"),
          [(("gemm", "attention_factor"), "factor")]),
         ("pcie", of(lambda c: c["kind"] == "host_copy" and c["pinned"]),
@@ -147,22 +155,47 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     return [g for g in out if g[1]]
 
 
-def fit(path: str | Path, device: DeviceProfile | None = None) -> FitResult:
-    """Fit the calibration of the device measured in micro-suite file ``path``."""
-    data = results.load(path, suite="micro")
-    if data.get("quick"):
-        raise InvalidMeasurement(f"{path} is a --quick smoke run; calibrate from a full suite")
+def _load_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
+    runs = []
+    for path in paths:
+        data = results.load(path, suite="micro")
+        if data.get("quick"):
+            raise InvalidMeasurement(f"{path} is a --quick smoke run; calibrate from a full "
+                                     "suite")
+        runs.append(data)
+    devices = {r["device"] for r in runs}
+    if len(devices) > 1:
+        raise InvalidMeasurement(f"micro suites of different devices ({', '.join(devices)}); "
+                                 "calibrate one device at a time")
+    return runs
+
+
+def _host_figure(runs: list[dict[str, Any]], kind: str, pass_: str | None = None
+                 ) -> float | None:
+    """A host-side figure (dispatch, launch, autograd) as the median over repeated runs:
+    on shared or virtual machines these move between runs far more than kernel times."""
+    values = [c["median_s"] for r in runs for c in r["cases"]
+              if c["kind"] == kind and c.get("pass") == pass_ and "median_s" in c]
+    return statistics.median(values) if values else None
+
+
+def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None) -> FitResult:
+    """Fit the calibration of the device measured in micro-suite file ``path`` (or in
+    several runs of it: their cases pooled, host figures their median)."""
+    paths = list(path) if isinstance(path, list) else [path]
+    runs = _load_runs(paths)
+    data = runs[-1]
     if device is None:
         found = catalog().find(data["device"])
         if not isinstance(found, DeviceProfile):
-            raise InvalidMeasurement(f"{path}: {data['device']} is not a device profile")
+            raise InvalidMeasurement(f"{paths[0]}: {data['device']} is not a device profile")
         device = found
     base = calibration_for(device, own=False)  # start from the stated defaults
     cal = base.model_dump()
-    cases = data["cases"]
-    direct = {c["kind"]: c["median_s"] for c in cases if c["kind"] in ("dispatch", "launch")}
-    autograd = {c.get("pass"): c["median_s"] for c in cases
-                if c["kind"] == "autograd" and "median_s" in c}
+    cases = [c for r in runs for c in r["cases"]]
+    direct = {k: v for k in ("dispatch", "launch") if (v := _host_figure(runs, k)) is not None}
+    autograd = {p: v for p in ("forward", "backward", "module", "backward_call")
+                if (v := _host_figure(runs, "autograd", p)) is not None}
     if "launch" in direct:
         cal["overhead"]["kernel_us"] = direct["launch"] * 1e6
     if "dispatch" in direct:
@@ -196,12 +229,29 @@ def fit(path: str | Path, device: DeviceProfile | None = None) -> FitResult:
                         for g in fits)
     cal.update({
         "name": f"{device.name}-fitted", "device": device.name, "architecture": None,
-        "status": "fitted", "fitted_on": [results.display_path(path)],
+        "status": "fitted", "fitted_on": [results.display_path(p) for p in paths],
         "rationale": f"Fitted by gpusim calibrate on {today} to the micro suite measured "
                      f"{data['provenance'].get('date', '')[:10]} ({summary}). Parameters not "
                      f"in the suite keep the values of {base.name}.",
     })
-    return FitResult(Calibration.model_validate(cal), fits, results.display_path(path))
+    return FitResult(Calibration.model_validate(cal), fits,
+                     ", ".join(results.display_path(p) for p in paths))
+
+
+def for_architecture(result: FitResult) -> FitResult:
+    """The same fit, as the calibration of the measured device's architecture: the GPUs of
+    one architecture share SMs, tensor cores and software, and differ mostly in the
+    datasheet figures (clocks, memory bandwidth) the model already takes per device."""
+    cal = result.calibration
+    device = catalog().find(str(cal.device))
+    arch = device.architecture
+    rationale = (f"Fitted on {device.name} and used for every {arch} device without a fit "
+                 f"of its own. " + cal.rationale)
+    moved = cal.model_copy(update={"name": f"{arch}-fitted-on-{device.name}",
+                                   "architecture": arch, "device": None,
+                                   "rationale": rationale})
+    return FitResult(Calibration.model_validate(moved.model_dump()), result.groups,
+                     result.source)
 
 
 def rounded(value: Any, digits: int = 4) -> Any:

@@ -16,7 +16,7 @@ from typing import Literal
 from gpusim import units
 from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
-from gpusim.workload.ops import GemmShape, Op
+from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op
 
 # Shortest K slice a split-K GEMM gives one CTA (shorter slices spend more time reducing).
 SPLIT_K_MIN = 256
@@ -72,11 +72,13 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
         peak, unit = device.peak_flops(op.math, matrix=True)  # type: ignore[arg-type]
         eff = cal.gemm_efficiency(op.math)
         if op.kind == "conv":
-            eff *= cal.gemm.conv_factor
+            eff *= cal.gemm.conv_factors.get(op.math, cal.gemm.conv_factor)
         elif op.kind == "attention":
             eff *= cal.gemm.attention_factor
         if op.gemm is not None and isinstance(device, GPUProfile):
             eff *= quantization_efficiency(op.gemm, device, cal)
+            if op.kind == "gemm" and not op.gemm.aligned(DTYPE_BYTES.get(op.math, 4)):
+                eff *= cal.gemm.misaligned_factor.get(op.math, 1.0)
         compute_s = op.flops / (peak * eff)
         ramp = units.us(cal.gemm.ramp_us)
     bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"
@@ -101,6 +103,12 @@ def host_cost(device: DeviceProfile, cal: Calibration, autograd: bool = False) -
     return units.us(cal.overhead.dispatch_us + cal.overhead.launch_us + extra)
 
 
+def op_host_extra(op: Op, cal: Calibration) -> float:
+    """Host seconds an op costs beyond a plain dispatch: a cuDNN convolution call looks up
+    (or builds) its execution plan and launches its kernels through cuDNN on every call."""
+    return units.us(cal.overhead.conv_us) if op.kind == "conv" else 0.0
+
+
 def copy_cost(n_bytes: float, link_bandwidth: float, latency: float, efficiency: float) -> float:
     """Seconds to copy ``n_bytes`` over a link (host-to-device): latency plus bytes/bandwidth."""
     return latency + n_bytes / (link_bandwidth * efficiency)
@@ -110,6 +118,6 @@ def loop_seconds(ops: list[Op], device: DeviceProfile, cal: Calibration) -> floa
     """Seconds per iteration when ``ops`` run back to back in a loop, as a benchmark times
     them: on a CPU the host dispatches and computes in turn; on a GPU the host runs ahead
     and the slower of the two (dispatching, or the kernels) sets the pace."""
-    host = host_cost(device, cal) * len(ops)
+    host = host_cost(device, cal) * len(ops) + sum(op_host_extra(op, cal) for op in ops)
     kernels = sum(kernel_cost(op, device, cal).seconds for op in ops)
     return max(host, kernels) if device.is_gpu else host + kernels

@@ -44,7 +44,17 @@ class GemmCalibration(Frozen):
     tiles: list[Tile] = Field(default_factory=list, description="empty: no tile quantization")
     ctas_per_sm: Annotated[int, Field(gt=0)] = 1
     conv_factor: Fraction = Field(1.0, description="cuDNN convolutions relative to GEMM")
+    conv_factors: dict[str, Fraction] = Field(
+        default_factory=dict,
+        description="per math precision, overriding conv_factor: cuDNN's NCHW convolutions "
+                    "reach about the same FLOP rate in TF32 and in bf16 on Hopper, so one "
+                    "factor over both precisions' GEMM peaks cannot fit both")
     attention_factor: Fraction = Field(1.0, description="fused attention relative to GEMM")
+    misaligned_factor: dict[str, Fraction] = Field(
+        default_factory=dict,
+        description="per math precision, a matrix product's efficiency relative to "
+                    "max_efficiency when a stored row is not a multiple of 16 bytes (e.g. "
+                    "GPT-2's 50257-word vocabulary); none given: no penalty")
 
 
 class MemoryCalibration(Frozen):
@@ -69,6 +79,9 @@ class OverheadCalibration(Frozen):
         0.0, description="Python host time of calling one layer (an nn.Module), beyond its ops")
     backward_call_us: NonNegative = Field(
         0.0, description="host time of one backward() call, beyond its nodes")
+    conv_us: NonNegative = Field(
+        0.0, description="extra host time of one cuDNN convolution call (plan lookup and "
+                         "launch through cuDNN), beyond a plain op's dispatch")
 
 
 class Calibration(Frozen):

@@ -430,13 +430,49 @@ def time_row_kernel(op: str, rows: int, cols: int, device: torch.device,
 ADAM_IMPLS = ("fused", "foreach", "for-loop")
 
 
-def time_adamw(params: int, impl: str, device: torch.device, repeats: int) -> Timing:
-    """One AdamW step over ``params`` fp32 parameters in 32 tensors (weight, gradient and two
-    moments: 16 bytes read and 12 written per parameter), by implementation."""
-    per = max(1, params // 32)
-    weights = [torch.randn(per, device=device, requires_grad=True) for _ in range(32)]
+def time_adam(params: int, impl: str, device: torch.device, repeats: int, tensors: int = 32,
+              optimizer: str = "adamw") -> Timing:
+    """One Adam or AdamW step over ``params`` fp32 parameters in ``tensors`` tensors (weight,
+    gradient and two moments: 16 bytes read and 12 written per parameter), by
+    implementation (``default``: PyTorch's own choice, as a training script gets it)."""
+    per = max(1, params // tensors)
+    weights = [torch.randn(per, device=device, requires_grad=True) for _ in range(tensors)]
     for w in weights:
         w.grad = torch.randn_like(w)
-    kwargs: dict[str, Any] = {"fused": impl == "fused", "foreach": impl == "foreach"}
-    opt = torch.optim.AdamW(weights, lr=1e-4, **kwargs)
+    kwargs: dict[str, Any] = ({} if impl == "default" else
+                              {"fused": impl == "fused", "foreach": impl == "foreach"})
+    cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+    opt = cls(weights, lr=1e-4, **kwargs)
     return time_call(opt.step, device, repeats=repeats)
+
+
+def batch_norm_shapes(batch: int) -> list[tuple[int, int, int]]:
+    """(batch, channels, height = width) of ResNet-50's batch norms."""
+    return [(batch, c, hw) for c, hw in ((64, 112), (64, 56), (256, 56), (128, 28),
+                                         (512, 28), (256, 14), (1024, 14), (512, 7),
+                                         (2048, 7))]
+
+
+def time_batch_norm(batch: int, channels: int, hw: int, precision: str, device: torch.device,
+                    repeats: int) -> dict[str, Timing]:
+    """Training-mode BatchNorm2d on an NCHW activation, forward and backward; in bf16 or fp16
+    the input is 16-bit and the weights fp32, as under autocast (which leaves batch norm to
+    run on its input's type)."""
+    norm = torch.nn.BatchNorm2d(channels).to(device)
+    dtype = torch.float32 if precision == "fp32" else TORCH_DTYPES[precision]
+    x = torch.randn(batch, channels, hw, hw, device=device, dtype=dtype, requires_grad=True)
+    state: dict[str, Any] = {}
+
+    def forward() -> Any:
+        return norm(x)
+
+    def setup() -> None:
+        norm.weight.grad = norm.bias.grad = x.grad = None
+        state["out"] = forward()
+        state["grad"] = torch.randn_like(state["out"])
+
+    out = {"forward": time_call(forward, device, repeats=repeats),
+           "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
+                                 setup=setup, repeats=repeats)}
+    state.clear()
+    return out

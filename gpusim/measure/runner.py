@@ -119,6 +119,7 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                    lambda r, o=op, s=size: micro.time_elementwise(o, s, device, r, cache))
     yield from _row_kernel_cases(device, quick, lim.max_bytes / 4, cache)
     yield from _adamw_cases(device, quick)
+    yield from _batch_norm_cases(device, quick, 128 if device.type == "cuda" else 2)
     if device.type == "cuda":
         for direction in ("h2d", "d2h"):
             for pinned in (True, False):
@@ -165,13 +166,29 @@ def _row_kernel_cases(device: torch.device, quick: bool, max_bytes: float,
 
 def _adamw_cases(device: torch.device, quick: bool) -> Iterator[
         tuple[dict[str, Any], Callable[[int], Timing]]]:
-    """One AdamW step by implementation, from a million to a quarter billion parameters."""
+    """One AdamW step by implementation, from a million to a quarter billion parameters,
+    and PyTorch's default Adam over few and many small tensors (its fixed host cost)."""
     sizes = [2**20, 2**24, 2**28] if device.type == "cuda" else [2**16, 2**20, 2**22]
     for impl in micro.ADAM_IMPLS:
         for params in sizes[:1] if quick else sizes:
             yield ({"id": f"adamw/{impl}/{params}", "kind": "optimizer", "impl": impl,
-                    "params": params, "optimizer": "adamw"},
-                   lambda r, i=impl, n=params: micro.time_adamw(n, i, device, r))
+                    "params": params, "tensors": 32, "optimizer": "adamw"},
+                   lambda r, i=impl, n=params: micro.time_adam(n, i, device, r))
+    for tensors in (2, 8, 32, 128, 512)[: 2 if quick else None]:
+        yield ({"id": f"adam/default/{tensors}x1024", "kind": "optimizer", "impl": "default",
+                "params": 1024 * tensors, "tensors": tensors, "optimizer": "adam"},
+               lambda r, t=tensors: micro.time_adam(1024 * t, "default", device, r, t, "adam"))
+
+
+def _batch_norm_cases(device: torch.device, quick: bool, batch: int) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
+    """ResNet-50's batch norms in fp32 and with 16-bit inputs (as autocast runs them)."""
+    for prec in ("fp32", "bf16"):
+        for n, c, hw in micro.batch_norm_shapes(batch)[: 2 if quick else None]:
+            yield ({"id": f"batch_norm/{prec}/{n}x{c}x{hw}x{hw}", "kind": "batch_norm",
+                    "precision": prec, "batch": n, "channels": c, "height": hw},
+                   lambda r, n=n, c=c, hw=hw, p=prec: micro.time_batch_norm(n, c, hw, p,
+                                                                            device, r))
 
 
 class Deadline:

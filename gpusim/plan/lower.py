@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from gpusim import units
 from gpusim.cost.energy import active_seconds
-from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost
+from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost, op_host_extra
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
@@ -212,8 +212,8 @@ def _host_link(job: TrainingJob) -> LinkProfile | None:
 
 def _to_kernel(op: Op, job: TrainingJob, cal: Calibration, host_s: float) -> Kernel:
     cost = kernel_cost(op, job.device, cal)
-    return Kernel(op.name, op.layer, op.phase, cost.seconds, host_s, op.flops, op.bytes,
-                  cost.bound, active_seconds(cost))
+    return Kernel(op.name, op.layer, op.phase, cost.seconds, host_s + op_host_extra(op, cal),
+                  op.flops, op.bytes, cost.bound, active_seconds(cost))
 
 
 def _python_overheads(kernels: list[Kernel], cal: Calibration) -> tuple[Kernel, ...]:

@@ -16,12 +16,29 @@ from gpusim.errors import OutOfMemory
 from gpusim.plan.job import TrainingJob
 from gpusim.workload.attention import Attention
 
-# CUDA context, cuBLAS/cuDNN handles and workspaces: commonly 0.5-1 GiB on current GPUs.
+# CUDA context, cuDNN handles and the allocator's own reservation (beyond the cuBLAS
+# workspaces, below): commonly 0.5-1 GiB on current GPUs.
 FRAMEWORK_RESERVED_BYTES = units.gib(0.75)
 # The caching allocator rarely packs perfectly; leave this fraction of the card free.
 ALLOCATOR_SLACK = 0.05
 
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
+
+# cuBLAS workspaces PyTorch takes from its caching allocator, so max_memory_allocated counts
+# them: one for cuBLAS and one for cuBLASLt, each of the size the cuBLAS documentation
+# recommends (cublasSetWorkspace: 32 MiB on Hopper and later, 4 MiB before). Measured: the
+# smallest models of the models suite peak 62-67 MiB above their tensors on an H100 and an
+# H200 (measurements/h100-sxm, h200; PyTorch 2.11, CUDA 13).
+CUBLAS_WORKSPACES = 2
+LARGE_WORKSPACE_ARCHITECTURES = frozenset({"hopper", "blackwell"})
+
+
+def library_workspace_bytes(job: TrainingJob) -> float:
+    device = job.device
+    if not device.is_gpu or device.vendor != "nvidia":
+        return 0.0
+    size = 32 if device.architecture in LARGE_WORKSPACE_ARCHITECTURES else 4
+    return CUBLAS_WORKSPACES * size * 2.0**20
 
 
 @dataclass(frozen=True)
@@ -36,12 +53,13 @@ class MemoryPlan:
     transient: float
     framework_reserved: float
     capacity: float
+    library_workspaces: float = 0.0
 
     @property
     def peak_bytes(self) -> float:
         """Peak allocated bytes, comparable with torch.cuda.max_memory_allocated."""
         return (self.weights + self.gradients + self.optimizer_states + self.weight_copies
-                + self.activations + self.transient)
+                + self.activations + self.transient + self.library_workspaces)
 
     @property
     def required_bytes(self) -> float:
@@ -63,6 +81,7 @@ class MemoryPlan:
             "weight_copies": self.weight_copies,
             "activations": self.activations,
             "transient": self.transient,
+            "library_workspaces": self.library_workspaces,
             "framework_reserved": self.framework_reserved,
         }
 
@@ -128,6 +147,7 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
         transient=float(transient),
         framework_reserved=reserved,
         capacity=job.device.memory_bytes,
+        library_workspaces=library_workspace_bytes(job),
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from gpusim.comm.collectives import Collective, collective_seconds
 from gpusim.comm.topology import CommGroup
 from gpusim.cost.energy import active_seconds
-from gpusim.cost.kernels import host_cost, kernel_cost
+from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.plan.lower import microbatch_ops, optimizer_ops
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
@@ -151,7 +151,8 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             comm += max(0.0, seconds - hidden)
-    return Work(compute, recompute, comm, host_per_op * len(ops), flops, len(ops), active)
+    host = host_per_op * len(ops) + sum(op_host_extra(op, cal) for op in ops)
+    return Work(compute, recompute, comm, host, flops, len(ops), active)
 
 
 def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:

@@ -20,7 +20,7 @@ from gpusim.report import TrainingEstimate
 MEMORY_COLORS = {
     "weights": "#4C72B0", "gradients": "#DD8452", "optimizer_states": "#55A868",
     "weight_copies": "#8172B3", "activations": "#C44E52", "transient": "#937860",
-    "framework_reserved": "#8C8C8C",
+    "library_workspaces": "#CCB974", "framework_reserved": "#8C8C8C",
 }
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpusim.workload.numerics import Numerics
-from gpusim.workload.ops import GemmShape, Op, gemm_op, memory_op
+from gpusim.workload.ops import TENSOR_CORE_MATH, GemmShape, Op, gemm_op, memory_op
 
 # How Megatron-style tensor parallelism splits a layer over the ranks of a tensor group:
 # "replicated" layers run whole on every rank; "sequence" layers (norms, dropout, residual
@@ -97,16 +97,24 @@ class Linear(Layer):
     def out_elements(self) -> int:
         return self.rows * self.out_features
 
+    @property
+    def _rows(self) -> tuple[int, int]:
+        """Stored row lengths of all three products: activations, weight and gradients."""
+        return (self.in_features, self.out_features)
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
-        shape = GemmShape(n * self.rows, self.out_features, self.in_features)
+        shape = GemmShape(n * self.rows, self.out_features, self.in_features,
+                           row_lengths=self._rows)
         return self._tag([gemm_op(f"{self.name}.fwd", shape, num.matmul, num.act_bytes)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
-        shape = GemmShape(n * self.rows, self.in_features, self.out_features)
+        shape = GemmShape(n * self.rows, self.in_features, self.out_features,
+                           row_lengths=self._rows)
         return self._tag([gemm_op(f"{self.name}.dgrad", shape, num.matmul, num.act_bytes)])
 
     def backward_weight(self, n: int, num: Numerics) -> list[Op]:
-        shape = GemmShape(self.out_features, self.in_features, n * self.rows)
+        shape = GemmShape(self.out_features, self.in_features, n * self.rows,
+                           row_lengths=self._rows)
         return self._tag([gemm_op(f"{self.name}.wgrad", shape, num.matmul, num.act_bytes)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
@@ -156,24 +164,40 @@ class Conv2d(Layer):
         op = gemm_op(name, shape, num.conv, num.act_bytes, kind="conv")
         return replace(op, bytes=self._bytes(n, num))
 
+    def _relayout(self, name: str, elements: int, num: Numerics) -> list[Op]:
+        """Tensor-core convolutions run channels-last (NHWC); PyTorch's tensors are NCHW,
+        so cuDNN transposes the operand in (and the forward's result back) in kernels of
+        their own: one NCHW-to-NHWC kernel per convolution call and one back per forward
+        in a profiled ResNet-50 step on an H100 (fp32 with TF32, and bf16)."""
+        if num.conv not in TENSOR_CORE_MATH:
+            return []
+        return [memory_op(name, elements, elements, num.act_bytes)]
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw
         k = self.in_channels // self.groups * self.kernel**2
         shape = GemmShape(n * ho * wo, self.out_channels // self.groups, k, self.groups)
-        return self._tag([self._conv(f"{self.name}.fwd", shape, n, num)])
+        inputs = n * self.in_channels * self.height * self.width
+        return self._tag([*self._relayout(f"{self.name}.to_nhwc", inputs, num),
+                          self._conv(f"{self.name}.fwd", shape, n, num),
+                          *self._relayout(f"{self.name}.to_nchw", n * self.out_elements, num)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw
         k = self.out_channels // self.groups * self.kernel**2
         shape = GemmShape(n * ho * wo, self.in_channels // self.groups, k, self.groups)
-        return self._tag([self._conv(f"{self.name}.dgrad", shape, n, num)])
+        return self._tag([*self._relayout(f"{self.name}.dgrad_to_nhwc", n * self.out_elements,
+                                          num),
+                          self._conv(f"{self.name}.dgrad", shape, n, num)])
 
     def backward_weight(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw
         shape = GemmShape(self.out_channels // self.groups,
                           self.in_channels // self.groups * self.kernel**2, n * ho * wo,
                           self.groups)
-        return self._tag([self._conv(f"{self.name}.wgrad", shape, n, num)])
+        inputs = n * self.in_channels * self.height * self.width
+        return self._tag([*self._relayout(f"{self.name}.wgrad_to_nhwc", inputs, num),
+                          self._conv(f"{self.name}.wgrad", shape, n, num)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.in_channels * self.height * self.width * num.act_bytes

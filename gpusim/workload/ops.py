@@ -29,14 +29,34 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
+# Math precisions that run on tensor cores (or a CPU's matrix units).
+TENSOR_CORE_MATH = frozenset({"tf32", "fp16", "bf16", "fp8", "int8"})
+
+# Row alignment cuBLAS and CUTLASS need for their fastest (16-byte vector load) kernels;
+# misaligned operands fall back to narrower loads (cuBLAS docs, "Tensor Core Usage").
+ALIGN_BYTES = 16
+
+
 @dataclass(frozen=True, slots=True)
 class GemmShape:
-    """A (batched) matrix product: ``batch`` independent (m x k) @ (k x n) products."""
+    """A (batched) matrix product: ``batch`` independent (m x k) @ (k x n) products.
+
+    ``row_lengths`` are the contiguous (innermost) lengths of the operands as stored; empty
+    means row-major A @ B into C, whose rows are k and n long. A linear layer's three
+    products all store rows of its in and out features, whichever way they are transposed.
+    """
 
     m: int
     n: int
     k: int
     batch: int = 1
+    row_lengths: tuple[int, ...] = ()
+
+    def aligned(self, element_bytes: float, align_bytes: int = ALIGN_BYTES) -> bool:
+        """Whether every stored row starts on an ``align_bytes`` boundary, as the fastest
+        tensor-core kernels need for their wide loads."""
+        rows = self.row_lengths or (self.k, self.n)
+        return all((r * element_bytes) % align_bytes == 0 for r in rows)
 
     @property
     def flops(self) -> float:
