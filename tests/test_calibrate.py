@@ -34,14 +34,29 @@ def test_fit_improves_every_group(fitted: fit.FitResult) -> None:
         assert group.error_after <= group.error_before + 1e-9, group
 
 
-def test_committed_calibration_is_the_fit_of_the_committed_micro_suite(
-        fitted: fit.FitResult) -> None:
-    """No hand tuning: re-running the fit reproduces the committed file's figures."""
-    device = fitted.calibration.device
-    committed = load_calibration_file(profiles_dir() / "calibration" / f"{device}.yaml")
-    assert committed.fitted_on == [fitted.source]
-    fresh = fit.rounded(fitted.calibration.model_dump(exclude={"rationale"}))
+FITTED = [p for p in sorted((profiles_dir() / "calibration").glob("*.yaml"))
+          if load_calibration_file(p).status == "fitted"]
+
+
+@pytest.mark.parametrize("path", FITTED, ids=lambda p: p.stem)
+def test_committed_calibration_is_the_fit_of_the_committed_micro_suite(path: Path) -> None:
+    """No hand tuning: re-running the fit on the files it names reproduces the committed
+    file's figures (for a device, or for its whole architecture)."""
+    committed = load_calibration_file(path)
+    root = results.measurements_dir().parent
+    result = fit.fit([root / source for source in committed.fitted_on])
+    if committed.architecture is not None:
+        result = fit.for_architecture(result)
+    fresh = fit.rounded(result.calibration.model_dump(exclude={"rationale"}))
     assert committed.model_dump(exclude={"rationale"}) == fresh
+
+
+def test_every_micro_suite_with_a_fit_is_used_by_one() -> None:
+    used = {source for p in FITTED for source in load_calibration_file(p).fitted_on}
+    for micro in MEASURED:
+        device = micro.parent.name
+        if any(s.startswith(f"measurements/{device}/") for s in used):
+            assert results.display_path(micro) in used, micro
 
 
 def test_no_models_suite_data_enters_a_fit(tmp_path: Path) -> None:

@@ -376,18 +376,19 @@ def test_a_tied_head_computes_its_weight_gradient_unless_its_embedding_is_frozen
 # --- the input pipeline on many GPUs ------------------------------------------------------
 
 def test_loader_bound_replicas_run_at_the_single_gpu_loader_pace() -> None:
-    """ResNet-50 on H100s outruns 8 loader workers at 2.5 ms a sample: one GPU and eight
-    data-parallel GPUs both take the loaders' 256 x 2.5 ms / 8 = 80 ms a step."""
-    one = estimate("resnet50", "h100-sxm", 256, precision="bf16").step
-    eight = estimate("resnet50", "h100-sxm", 8 * 256, precision="bf16", num_gpus=8).step
-    assert eight.step_time_s == pytest.approx(0.080, rel=1e-6)
+    """ResNet-50 on H100s outruns 4 loader workers at 2.5 ms a sample: one GPU and eight
+    data-parallel GPUs both take the loaders' 256 x 2.5 ms / 4 = 160 ms a step."""
+    one = estimate("resnet50", "h100-sxm", 256, precision="bf16", loader_workers=4).step
+    eight = estimate("resnet50", "h100-sxm", 8 * 256, precision="bf16", num_gpus=8,
+                     loader_workers=4).step
+    assert eight.step_time_s == pytest.approx(0.160, rel=1e-6)
     assert eight.step_time_s == pytest.approx(one.step_time_s, rel=0.01)
     assert eight.breakdown_s["input_pipeline"] > 0.3 * eight.step_time_s
     assert sum(eight.breakdown_s.values()) == pytest.approx(eight.step_time_s)
     synthetic = estimate("resnet50", "h100-sxm", 8 * 256, precision="bf16", num_gpus=8,
                          loader_workers=0).step
     assert "input_pipeline" not in synthetic.breakdown_s
-    assert synthetic.step_time_s < 0.7 * eight.step_time_s
+    assert synthetic.step_time_s < 0.9 * eight.step_time_s
 
 
 def test_loader_workers_beyond_a_replicas_share_of_cores_do_not_help() -> None:

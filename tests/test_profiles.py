@@ -125,8 +125,7 @@ PUBLISHED_MATMUL_CEILINGS = {"a100-80gb": 0.859, "h100-sxm": 0.801, "mi250x": 0.
 @pytest.mark.parametrize("gpu, ceiling", PUBLISHED_MATMUL_CEILINGS.items())
 def test_default_gemm_efficiency_stays_under_the_measured_ceiling(gpu: str,
                                                                   ceiling: float) -> None:
-    """A stated default above the best any shape reached on the real device would make
-    every GEMM faster than the hardware has been seen to run."""
+    """A stated default (or a fit) above the best any shape reached on the real device
+    would make every GEMM faster than the hardware has been seen to run."""
     cal = calibration_for(load_gpu(gpu))
-    assert cal.status == "default"
     assert cal.gemm_efficiency("bf16") < ceiling

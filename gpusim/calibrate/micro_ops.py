@@ -10,12 +10,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost, loop_seconds
+from gpusim import units
+from gpusim.cost.kernels import (
+    copy_cost,
+    host_cost,
+    kernel_cost,
+    loop_seconds,
+    optimizer_host_s,
+)
 from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, LinkProfile
+from gpusim.plan.lower import OPTIMIZER_PASSES, pass_ops
 from gpusim.workload.attention import Attention
-from gpusim.workload.layers import Conv2d
+from gpusim.workload.layers import Conv2d, batch_norm
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
 
@@ -57,6 +65,12 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
                         causal=case["causal"], fused=True)
         n = case["batch"]
         return att.forward(n, num) if case["pass"] == "forward" else att.backward_input(n, num)
+    if kind == "batch_norm":
+        num = numerics(case["precision"], device)
+        hw = case["height"]
+        layer = batch_norm(case["id"], case["channels"], case["channels"] * hw * hw)
+        n = case["batch"]
+        return layer.forward(n, num) if case["pass"] == "forward" else layer.backward_input(n, num)
     if kind == "elementwise":
         reads, writes = ELEMENTWISE_PASSES[case["op"]]
         elements = case["bytes"] / DTYPE_BYTES[case["dtype"]]
@@ -65,9 +79,21 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
     return []
 
 
+def _optimizer_step(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:
+    """A step of PyTorch's default Adam over ``tensors`` equal tensors: host (step() itself
+    and each kernel's dispatch) and kernels overlap, as in any loop."""
+    sizes = [case["params"] // case["tensors"]] * case["tensors"]
+    ops = pass_ops(list(OPTIMIZER_PASSES[case["optimizer"]]), sizes, device.is_gpu)
+    host = host_cost(device, cal) * len(ops) + optimizer_host_s(case["tensors"], cal)
+    kernels = sum(kernel_cost(op, device, cal).seconds for op in ops)
+    return max(host, kernels) if device.is_gpu else host + kernels
+
+
 def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:
     """Seconds gpusim predicts for one micro case under calibration ``cal``."""
     kind = case["kind"]
+    if kind == "optimizer":
+        return _optimizer_step(case, device, cal)
     if kind == "dispatch":
         return host_cost(device, cal)
     if kind == "autograd":
@@ -81,4 +107,11 @@ def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> fl
             raise ValueError("host copies are measured on GPUs only")
         link = catalog().get(f"pcie{min(device.pcie_gen, 5)}", LinkProfile)
         return copy_cost(case["bytes"], link.bandwidth, link.latency, cal.pcie_efficiency)
-    return loop_seconds(case_ops(case, device), device, cal)
+    if case.get("graph"):  # replayed from a CUDA graph: the kernels alone, no host
+        return sum(kernel_cost(op, device, cal).seconds for op in case_ops(case, device))
+    seconds = loop_seconds(case_ops(case, device), device, cal)
+    if case.get("pass") == "backward":
+        # Timed as one backward() call per sample (measure.micro), which pays the call's
+        # own cost: entering the autograd engine and waiting for it.
+        seconds += units.us(cal.overhead.backward_call_us)
+    return seconds

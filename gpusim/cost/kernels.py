@@ -61,7 +61,10 @@ def quantization_efficiency(shape: GemmShape, device: GPUProfile, cal: Calibrati
 
 def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     """Seconds ``op`` occupies the device's compute stream."""
-    bandwidth = device.memory_bandwidth * cal.memory.max_efficiency
+    bandwidth = (device.memory_bandwidth * cal.memory.max_efficiency
+                 * cal.memory.kernel_factors.get(op.family, 1.0))
+    if op.parallel_units and isinstance(device, GPUProfile):
+        bandwidth *= min(1.0, op.parallel_units / device.compute_units)
     memory_s = op.bytes / bandwidth
     overhead = units.us(cal.overhead.kernel_us)
     if op.kind == "memory":
@@ -103,10 +106,24 @@ def host_cost(device: DeviceProfile, cal: Calibration, autograd: bool = False) -
     return units.us(cal.overhead.dispatch_us + cal.overhead.launch_us + extra)
 
 
+CUDNN_FAMILIES = frozenset({"batch_norm"})  # memory-bound ops PyTorch hands to cuDNN
+
+
 def op_host_extra(op: Op, cal: Calibration) -> float:
-    """Host seconds an op costs beyond a plain dispatch: a cuDNN convolution call looks up
-    (or builds) its execution plan and launches its kernels through cuDNN on every call."""
-    return units.us(cal.overhead.conv_us) if op.kind == "conv" else 0.0
+    """Host seconds an op costs beyond a plain dispatch: a cuBLAS matrix product picks its
+    algorithm through cuBLASLt's heuristics; a cuDNN call (a convolution, or a batch norm
+    on fp32) looks up its execution plan and launches through cuDNN."""
+    if op.kind == "gemm":
+        return units.us(cal.overhead.cublas_us)
+    cudnn = op.kind == "conv" or op.family in CUDNN_FAMILIES
+    return units.us(cal.overhead.cudnn_us) if cudnn else 0.0
+
+
+def optimizer_host_s(tensors: int, cal: Calibration) -> float:
+    """Host seconds of a torch.optim step() beyond its kernels' dispatch: a fixed cost and
+    a cost per parameter tensor."""
+    o = cal.overhead
+    return units.us(o.optimizer_us + tensors * o.optimizer_tensor_us)
 
 
 def copy_cost(n_bytes: float, link_bandwidth: float, latency: float, efficiency: float) -> float:

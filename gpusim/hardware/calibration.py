@@ -63,6 +63,10 @@ class MemoryCalibration(Frozen):
     first_touch_gb_s: Annotated[float, Field(gt=0)] | None = Field(
         None, description="CPUs: rate the OS maps the fresh pages of a large new allocation "
                           "(none on GPUs, whose caching allocator reuses memory)")
+    kernel_factors: dict[str, Fraction] = Field(
+        default_factory=dict,
+        description="per kernel family (batch_norm, batch_norm_native, ...), the bandwidth "
+                    "its kernels reach relative to max_efficiency; none given: 1")
     first_touch_min_mib: NonNegative = Field(
         32.0, description="allocations at least this large come fresh from the OS (glibc's "
                           "largest mmap threshold on 64-bit, 32 MiB: mallopt(3))")
@@ -79,9 +83,17 @@ class OverheadCalibration(Frozen):
         0.0, description="Python host time of calling one layer (an nn.Module), beyond its ops")
     backward_call_us: NonNegative = Field(
         0.0, description="host time of one backward() call, beyond its nodes")
-    conv_us: NonNegative = Field(
-        0.0, description="extra host time of one cuDNN convolution call (plan lookup and "
-                         "launch through cuDNN), beyond a plain op's dispatch")
+    optimizer_us: NonNegative = Field(
+        0.0, description="host time of a torch.optim step() call beyond its kernels")
+    optimizer_tensor_us: NonNegative = Field(
+        0.0, description="host time of a torch.optim step() per parameter tensor")
+    cublas_us: NonNegative = Field(
+        0.0, description="extra host time of one cuBLAS matrix product (algorithm choice "
+                         "and launch through cuBLASLt), beyond a plain op's dispatch")
+    cudnn_us: NonNegative = Field(
+        0.0, description="extra host time of one cuDNN call (a convolution, or batch norm "
+                         "on fp32): plan lookup and launch through cuDNN, beyond a plain "
+                         "op's dispatch")
 
 
 class Calibration(Frozen):
@@ -128,6 +140,14 @@ def load_calibration_file(path: str | Path) -> Calibration:
 def _all(root: str) -> tuple[Calibration, ...]:
     folder = Path(root) / "calibration"
     return tuple(load_calibration_file(p) for p in sorted(folder.glob("*.yaml")))
+
+
+def stated_defaults(device: DeviceProfile) -> Calibration:
+    """The stated (not fitted) calibration of ``device``'s architecture, where a fit starts:
+    ``calibration/defaults/<architecture>.yaml`` once a fit has replaced the architecture's
+    own file, else the file in use."""
+    kept = profiles_dir() / "calibration" / "defaults" / f"{device.architecture}.yaml"
+    return load_calibration_file(kept) if kept.exists() else calibration_for(device, own=False)
 
 
 def calibration_for(device: DeviceProfile, own: bool = True) -> Calibration:

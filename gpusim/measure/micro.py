@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpusim.measure.timing import Timing, time_call
+from gpusim.measure.timing import Timing, time_call, time_graph
 from gpusim.workload import zoo
 from gpusim.workload.layers import Conv2d
 
@@ -102,12 +102,16 @@ def _cycle(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
 
 
 def time_gemm(m: int, n: int, k: int, precision: str, device: torch.device,
-              repeats: int) -> Timing:
+              repeats: int, graph: bool = False) -> Timing:
+    """``torch.mm`` into a preallocated output, in a loop (the host issues every call) or,
+    with ``graph``, replayed from a CUDA graph (device time alone)."""
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     dtype = TORCH_DTYPES[precision]
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
     c = torch.empty(m, n, device=device, dtype=dtype)
+    if graph:
+        return time_graph(lambda: torch.mm(a, b, out=c), device, repeats=repeats)
     return time_call(lambda: torch.mm(a, b, out=c), device, repeats=repeats)
 
 
@@ -171,7 +175,7 @@ def time_attention(shape: dict[str, Any], precision: str, device: torch.device,
 
 
 def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: int,
-                     cache_bytes: float) -> Timing:
+                     cache_bytes: float, graph: bool = False) -> Timing:
     """``copy``, ``add`` (two inputs), ``sum`` (a reduction) into preallocated outputs, and
     ``add_alloc``: an add whose output is allocated on each call, as eager PyTorch does."""
     n = size_bytes // 4
@@ -191,6 +195,8 @@ def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: in
             calls.append(lambda a=a: a.sum())
         else:
             calls.append(lambda a=a, b=b: a + b)
+    if graph:
+        return time_graph(_cycle(calls), device, calls=2 * len(calls), repeats=repeats)
     return time_call(_cycle(calls), device, repeats=repeats)
 
 

@@ -121,6 +121,7 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
     yield from _adamw_cases(device, quick)
     yield from _batch_norm_cases(device, quick, 128 if device.type == "cuda" else 2)
     if device.type == "cuda":
+        yield from _graph_cases(device, quick, cache)
         for direction in ("h2d", "d2h"):
             for pinned in (True, False):
                 for size in (2**16, 2**20, 2**24, 2**28, 2**30):
@@ -129,6 +130,25 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                             "pinned": pinned, "bytes": size},
                            lambda r, d=direction, p=pinned, s=size:
                            micro.time_host_copy(s, d, p, device, r))
+
+
+def _graph_cases(device: torch.device, quick: bool, cache: float) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], Timing]]]:
+    """Small and mid-sized GEMMs and copies replayed from a CUDA graph: device time alone,
+    which tells a kernel's own fixed cost apart from the host's cost of issuing it."""
+    shapes = [(s, s, s) for s in (64, 256, 512, 1024, 2048, 4096)] + [
+        (4096, 2304, 768), (4096, 768, 3072), (8192, 768, 768), (768, 768, 8192)]
+    for prec in ("bf16", "tf32"):
+        for m, n, k in shapes[:2] if quick else shapes:
+            yield ({"id": f"gemm-graph/{prec}/{m}x{n}x{k}", "kind": "gemm", "graph": True,
+                    "precision": prec, "m": m, "n": n, "k": k},
+                   lambda r, m=m, n=n, k=k, p=prec: micro.time_gemm(m, n, k, p, device, r,
+                                                                    graph=True))
+    for size in micro.elementwise_sizes(2**28)[:: 3 if quick else 1]:
+        yield ({"id": f"elementwise-graph/copy/{size}", "kind": "elementwise", "graph": True,
+                "op": "copy", "bytes": size, "dtype": "fp32"},
+               lambda r, s=size: micro.time_elementwise("copy", s, device, r, cache,
+                                                        graph=True))
 
 
 def _sdpa_cases(device: torch.device, quick: bool) -> Iterator[

@@ -14,7 +14,13 @@ from dataclasses import dataclass, replace
 
 from gpusim import units
 from gpusim.cost.energy import active_seconds
-from gpusim.cost.kernels import copy_cost, host_cost, kernel_cost, op_host_extra
+from gpusim.cost.kernels import (
+    copy_cost,
+    host_cost,
+    kernel_cost,
+    op_host_extra,
+    optimizer_host_s,
+)
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
@@ -186,8 +192,13 @@ def optimizer_ops(job: TrainingJob) -> list[Op]:
         passes = list(OPTIMIZER_PASSES[job.optimizer])
         if job.precision == "fp16":
             passes.insert(0, ("unscale_", 1, 1, False))  # GradScaler: unscale, check inf/nan
+    return pass_ops(passes, sizes, job.device.is_gpu)
+
+
+def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool) -> list[Op]:
+    """The kernels of an optimizer's passes over parameter tensors of ``sizes``."""
     fp32 = DTYPE_BYTES["fp32"]
-    if job.device.is_gpu:
+    if gpu:
         groups = math.ceil(len(sizes) / TENSORS_PER_OPTIMIZER_KERNEL)
         total = sum(sizes)
         chunks = [total / groups] * groups
@@ -242,7 +253,15 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     training_host_s = host_cost(job.device, cal, autograd=True)
     ops = microbatch_ops(job)
     micro = _python_overheads([_to_kernel(op, job, cal, training_host_s) for op in ops], cal)
-    opt = tuple(_to_kernel(op, job, cal, host_s) for op in optimizer_ops(job))
+    opt_ops = optimizer_ops(job)
+    opt = tuple(_to_kernel(op, job, cal, host_s) for op in opt_ops)
+    if opt and not job.master_weights:
+        # torch.optim's step() in Python: a fixed cost, and per parameter tensor the list
+        # building and grouping its foreach kernels take (charged to the first kernel).
+        tensors = sum(len(lay.tensor_sizes()) for lay in job.model.layers
+                      if lay.params and job.is_trainable(lay.name))
+        opt = (replace(opt[0], host_s=opt[0].host_s + optimizer_host_s(tensors, cal)),
+               *opt[1:])
     n = job.microbatch_size
     link = _host_link(job)
     copy_s = 0.0

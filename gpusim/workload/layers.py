@@ -13,7 +13,14 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpusim.workload.numerics import Numerics
-from gpusim.workload.ops import TENSOR_CORE_MATH, GemmShape, Op, gemm_op, memory_op
+from gpusim.workload.ops import (
+    DTYPE_BYTES,
+    TENSOR_CORE_MATH,
+    GemmShape,
+    Op,
+    gemm_op,
+    memory_op,
+)
 
 # How Megatron-style tensor parallelism splits a layer over the ranks of a tensor group:
 # "replicated" layers run whole on every rank; "sequence" layers (norms, dropout, residual
@@ -166,9 +173,10 @@ class Conv2d(Layer):
 
     def _relayout(self, name: str, elements: int, num: Numerics) -> list[Op]:
         """Tensor-core convolutions run channels-last (NHWC); PyTorch's tensors are NCHW,
-        so cuDNN transposes the operand in (and the forward's result back) in kernels of
-        their own: one NCHW-to-NHWC kernel per convolution call and one back per forward
-        in a profiled ResNet-50 step on an H100 (fp32 with TF32, and bf16)."""
+        so cuDNN transposes operands in kernels of their own. A profiled ResNet-50 step on
+        an H100 (fp32 with TF32, and bf16) moved about two activation-sized transposes per
+        convolution: its input in forward, its output gradient in backward (the other
+        transpose kernels it ran move weights, which are small)."""
         if num.conv not in TENSOR_CORE_MATH:
             return []
         return [memory_op(name, elements, elements, num.act_bytes)]
@@ -179,8 +187,7 @@ class Conv2d(Layer):
         shape = GemmShape(n * ho * wo, self.out_channels // self.groups, k, self.groups)
         inputs = n * self.in_channels * self.height * self.width
         return self._tag([*self._relayout(f"{self.name}.to_nhwc", inputs, num),
-                          self._conv(f"{self.name}.fwd", shape, n, num),
-                          *self._relayout(f"{self.name}.to_nchw", n * self.out_elements, num)])
+                          self._conv(f"{self.name}.fwd", shape, n, num)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw
@@ -195,9 +202,7 @@ class Conv2d(Layer):
         shape = GemmShape(self.out_channels // self.groups,
                           self.in_channels // self.groups * self.kernel**2, n * ho * wo,
                           self.groups)
-        inputs = n * self.in_channels * self.height * self.width
-        return self._tag([*self._relayout(f"{self.name}.wgrad_to_nhwc", inputs, num),
-                          self._conv(f"{self.name}.wgrad", shape, n, num)])
+        return self._tag([self._conv(f"{self.name}.wgrad", shape, n, num)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.in_channels * self.height * self.width * num.act_bytes
@@ -243,19 +248,31 @@ class Elementwise(Layer):
     def out_elements(self) -> int:
         return self.elements
 
+    def family(self, num: Numerics) -> str:
+        """The kernels PyTorch runs for this op. Batch norm on a 16-bit input with fp32
+        weights (as under autocast) takes PyTorch's own kernels; on fp32 it takes cuDNN's."""
+        if self.op == "batch_norm" and num.act_bytes < DTYPE_BYTES["fp32"]:
+            return "batch_norm_native"
+        return self.op
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
         e = n * self.elements
-        return self._tag([memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e,
-                                    num.act_bytes, self.flops_per_element,
-                                    allocates=not self.inplace, mask_written=self.mask * e)])
+        op = memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e, num.act_bytes,
+                       self.flops_per_element, allocates=not self.inplace,
+                       mask_written=self.mask * e)
+        return self._tag([replace(op, family=self.family(num), parallel_units=self._units)])
+
+    @property
+    def _units(self) -> int:
+        return self.args[0] if self.op == "batch_norm" and self.args else 0
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         if not self.has_backward_kernel:
             return []
         e = n * self.elements
-        return self._tag([memory_op(f"{self.name}.bwd", self.bwd_reads * e,
-                                    self.bwd_writes * e, num.act_bytes,
-                                    2 * self.flops_per_element, mask_read=self.mask * e)])
+        op = memory_op(f"{self.name}.bwd", self.bwd_reads * e, self.bwd_writes * e,
+                       num.act_bytes, 2 * self.flops_per_element, mask_read=self.mask * e)
+        return self._tag([replace(op, family=self.family(num), parallel_units=self._units)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         size = self.saved_element_bytes or num.act_bytes

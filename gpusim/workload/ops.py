@@ -87,6 +87,13 @@ class Op:
     # Bytes of new output the op allocates (eager PyTorch allocates every result; in-place
     # ops none). Large fresh allocations cost a CPU page faults on first touch.
     alloc_bytes: float = 0.0
+    # The kernel family of a memory-bound op (batch_norm, batch_norm_native, ...): families
+    # whose kernels reach less of the bandwidth than a streaming copy get a fitted factor.
+    family: str = ""
+    # Independent pieces of work the kernels split the op into (0: plenty). Batch norm
+    # reduces each channel over the batch and image in one thread block per channel, so
+    # with fewer channels than SMs part of the GPU sits idle.
+    parallel_units: int = 0
 
     def with_phase(self, phase: Phase) -> Op:
         return replace(self, phase=phase)
