@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import math
 import statistics
 from collections.abc import Callable
@@ -28,12 +29,14 @@ from typing import Any
 
 import yaml
 
-from gpusim.calibrate.micro_ops import numerics, predict
+from gpusim.calibrate.micro_ops import layer_host_job, layer_host_times, numerics, predict
 from gpusim.errors import InvalidMeasurement
 from gpusim.hardware.calibration import Calibration, stated_defaults
 from gpusim.hardware.catalog import catalog, profiles_dir
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
+from gpusim.plan.lower import layer_kind
+from gpusim.validate.compare import layer_seconds
 from gpusim.workload.layers import batch_norm
 from gpusim.workload.ops import TENSOR_CORE_MATH
 
@@ -241,6 +244,10 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
             statistics.fmean(abs(e) for e, _ in errs_before),
             statistics.fmean(abs(e) for e, _ in errs), worst_id, worst))
 
+    layers = [c for c in cases if c["kind"] == "layer_host" and "median_s" in c]
+    if layers:
+        fits.append(_fit_layer_host(cal, layers, device))
+
     today = datetime.date.today().isoformat()
     summary = "; ".join(f"{g.group} {g.cases} cases, mean error {g.error_after:.1%}"
                         for g in fits)
@@ -253,6 +260,45 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
     })
     return FitResult(Calibration.model_validate(cal), fits,
                      ", ".join(results.display_path(p) for p in paths))
+
+
+def _fit_layer_host(cal: dict[str, Any], cases: list[dict[str, Any]],
+                    device: DeviceProfile) -> GroupFit:
+    """Host cost per layer kind and phase, beyond module_us and the layer's kernels, from
+    tiny models' layers timed alone. Each kind's cost only moves its own layers, so each
+    is a one-dimensional fit over host seconds computed once without it."""
+    before = Calibration.model_validate(cal)
+    bare = copy.deepcopy(cal)
+    bare["overhead"]["layer_us"], bare["overhead"]["layer_backward_us"] = {}, {}
+    base = Calibration.model_validate(bare)
+    by_kind: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    kinds: dict[str, dict[str, str]] = {}
+    for c in cases:
+        host, dev = layer_host_times(c, device, base)
+        spec = json.dumps(c["model"], sort_keys=True)
+        if spec not in kinds:
+            model = layer_host_job(c, device).model
+            kinds[spec] = {la.name: layer_kind(la) for la in model.layers}
+        layer, phase = c["pass"].rsplit("/", 1)
+        kind = kinds[spec][layer]
+        by_kind.setdefault((kind, phase), []).append((host, dev, c["median_s"]))
+    params = {}
+    for (kind, phase), rows in sorted(by_kind.items()):
+        def score(us: float, rows: list[tuple[float, float, float]] = rows) -> float:
+            return statistics.fmean(
+                abs(math.log(layer_seconds(h + us * 1e-6, d, device.is_gpu) / m))
+                for h, d, m in rows)
+        key = "layer_us" if phase == "forward" else "layer_backward_us"
+        value = _search(*_RANGE["us"][:2], score, True)
+        cal["overhead"][key][kind] = value
+        params[f"overhead.{key}.{kind}"] = value
+    after = Calibration.model_validate(cal)
+    errs_before = _relative_errors(cases, device, before)
+    errs = _relative_errors(cases, device, after)
+    worst, worst_id = max(errs, key=lambda e: abs(e[0]))
+    return GroupFit("layer host", len(cases), params,
+                    statistics.fmean(abs(e) for e, _ in errs_before),
+                    statistics.fmean(abs(e) for e, _ in errs), worst_id, worst)
 
 
 def for_architecture(result: FitResult) -> FitResult:

@@ -7,7 +7,9 @@ convolution case is a ``Conv2d`` layer's forward or backward ops, an attention c
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from gpusim import units
@@ -21,8 +23,11 @@ from gpusim.cost.kernels import (
 from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, LinkProfile
+from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import OPTIMIZER_PASSES, pass_ops
+from gpusim.validate.compare import isolated_layer_times, layer_seconds
 from gpusim.workload.attention import Attention
+from gpusim.workload.formats import model_from_spec
 from gpusim.workload.layers import Conv2d, batch_norm
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
@@ -89,9 +94,35 @@ def _optimizer_step(case: dict[str, Any], device: DeviceProfile, cal: Calibratio
     return max(host, kernels) if device.is_gpu else host + kernels
 
 
+def layer_host_job(case: dict[str, Any], device: DeviceProfile) -> TrainingJob:
+    """The tiny model of a layer_host case, as the job whose layers it timed."""
+    return TrainingJob(model_from_spec(case["model"]), device, case["batch_size"],
+                       case["precision"], optimizer="adam", loader_workers=0)
+
+
+@lru_cache(maxsize=64)
+def _layer_times(spec: str, batch: int, precision: str, device: str,
+                 cal: str) -> dict[tuple[str, str], tuple[float, float]]:
+    job = layer_host_job({"model": json.loads(spec), "batch_size": batch,
+                          "precision": precision}, catalog().find(device))  # type: ignore[arg-type]
+    return isolated_layer_times(job, Calibration.model_validate_json(cal))
+
+
+def layer_host_times(case: dict[str, Any], device: DeviceProfile,
+                     cal: Calibration) -> tuple[float, float]:
+    """(host, device) seconds of the layer and phase a layer_host case timed (one lowering
+    of the tiny model per calibration, cached)."""
+    layer, phase = case["pass"].rsplit("/", 1)
+    times = _layer_times(json.dumps(case["model"], sort_keys=True), case["batch_size"],
+                         case["precision"], device.name, cal.model_dump_json())
+    return times[(layer, phase)]
+
+
 def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:
     """Seconds gpusim predicts for one micro case under calibration ``cal``."""
     kind = case["kind"]
+    if kind == "layer_host":
+        return layer_seconds(*layer_host_times(case, device, cal), device.is_gpu)
     if kind == "optimizer":
         return _optimizer_step(case, device, cal)
     if kind == "dispatch":

@@ -83,6 +83,16 @@ class OverheadCalibration(Frozen):
         0.0, description="Python host time of calling one layer (an nn.Module), beyond its ops")
     backward_call_us: NonNegative = Field(
         0.0, description="host time of one backward() call, beyond its nodes")
+    layer_us: dict[str, NonNegative] = Field(
+        default_factory=dict,
+        description="per layer kind (linear, conv, layer_norm, ...), host time of calling "
+                    "one such layer in forward beyond module_us and its kernels' dispatch: "
+                    "the ops that launch nothing (views, transposes, autocast's checks) and "
+                    "Python")
+    layer_backward_us: dict[str, NonNegative] = Field(
+        default_factory=dict,
+        description="per layer kind, host time of the layer's autograd nodes in backward "
+                    "beyond its kernels' dispatch")
     optimizer_us: NonNegative = Field(
         0.0, description="host time of a torch.optim step() call beyond its kernels")
     optimizer_tensor_us: NonNegative = Field(

@@ -482,3 +482,44 @@ def time_batch_norm(batch: int, channels: int, hw: int, precision: str, device: 
                                  setup=setup, repeats=repeats)}
     state.clear()
     return out
+
+
+# Tiny models whose every layer kind the zoo uses appears at a size too small to keep the
+# device busy: each layer's forward and backward, timed alone, is then the host's cost of
+# calling it (Python, autograd and autocast, and dispatching its kernels).
+LAYER_HOST_MODELS: list[dict[str, Any]] = [
+    {"zoo": "mnist-mlp"},
+    {"zoo": "resnet50", "image_size": 64},
+    {"name": "gpt-tiny", "seq_len": 16, "transformer": {
+        "layers": 2, "hidden": 64, "heads": 2, "vocab": 512, "dropout": True}},
+    {"name": "bert-tiny", "seq_len": 16, "transformer": {
+        "layers": 2, "hidden": 64, "heads": 2, "vocab": 512, "kind": "encoder",
+        "type_vocab": 2, "dropout": True, "fused_attention": False}},
+    {"name": "llama-tiny", "seq_len": 16, "transformer": {
+        "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128,
+        "vocab": 512, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
+        "tied_embeddings": False, "bias": False}},
+]
+
+
+LAYER_HOST_BATCH = 2  # batch norm needs two values per channel to train
+
+
+def time_layer_host(spec: dict[str, Any], precision: str, device: torch.device,
+                    repeats: int) -> dict[str, Timing]:
+    """Every layer of a tiny model at a batch of two, forward and backward alone, as the
+    models suite times layers: {"<layer>/<forward|backward>": timing}."""
+    from gpusim.measure import models  # the models suite's own per-layer timing
+    from gpusim.measure.torch_model import Network
+    from gpusim.workload.formats import model_from_spec
+
+    case = models.ModelCase(spec, LAYER_HOST_BATCH, precision)
+    models.set_precision_flags(precision, device)
+    torch.manual_seed(0)
+    net = Network(model_from_spec(spec), LAYER_HOST_BATCH, device, inplace=False)
+    out = {}
+    for row in models.measure_layers(net, case, device, repeats):
+        for phase in ("forward", "backward"):
+            if phase in row:
+                out[f"{row['layer']}/{phase}"] = Timing(**row[phase])
+    return out

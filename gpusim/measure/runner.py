@@ -118,6 +118,7 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                     "bytes": size, "dtype": "fp32"},
                    lambda r, o=op, s=size: micro.time_elementwise(o, s, device, r, cache))
     yield from _row_kernel_cases(device, quick, lim.max_bytes / 4, cache)
+    yield from _layer_host_cases(device, quick)
     yield from _adamw_cases(device, quick)
     yield from _batch_norm_cases(device, quick, 128 if device.type == "cuda" else 2)
     if device.type == "cuda":
@@ -130,6 +131,18 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                             "pinned": pinned, "bytes": size},
                            lambda r, d=direction, p=pinned, s=size:
                            micro.time_host_copy(s, d, p, device, r))
+
+
+def _layer_host_cases(device: torch.device, quick: bool) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
+    """Each layer of tiny models, forward and backward alone: the host's cost per layer."""
+    precisions = ("fp32", "bf16") if device.type == "cuda" else ("fp32",)
+    for spec in micro.LAYER_HOST_MODELS[:1] if quick else micro.LAYER_HOST_MODELS:
+        name = spec.get("zoo") or spec["name"]
+        for prec in precisions:
+            yield ({"id": f"layer-host/{name}/{prec}", "kind": "layer_host", "model": spec,
+                    "batch_size": micro.LAYER_HOST_BATCH, "precision": prec},
+                   lambda r, s=spec, p=prec: micro.time_layer_host(s, p, device, r))
 
 
 def _graph_cases(device: torch.device, quick: bool, cache: float) -> Iterator[
@@ -246,7 +259,8 @@ def _run_micro(device: torch.device, repeats: int, quick: bool,
             for pass_name, timing in out.items():
                 rows.append(_timed({**case, "id": f"{case['id']}/{pass_name}",
                                     "pass": pass_name}, timing))
-            _progress(i, len(cases), case["id"], out["forward"].median_s)
+            _progress(i, len(cases), case["id"], next(iter(out.values())).median_s
+                      if out else None)
         else:
             rows.append(_timed(case, out))
             _progress(i, len(cases), case["id"], out.median_s)

@@ -24,9 +24,10 @@ from gpusim.cost.kernels import (
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
+from gpusim.plan.autocast import LayerPrecision, input_elements, layer_precisions
 from gpusim.plan.job import TrainingJob
-from gpusim.workload.attention import Attention, CrossEntropy
-from gpusim.workload.layers import Conv2d, Layer, Linear
+from gpusim.workload.attention import Attention, CrossEntropy, Embedding
+from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
 
@@ -118,8 +119,21 @@ def _autocast(layer: Layer, job: TrainingJob) -> bool:
             and isinstance(layer, (Linear, Conv2d)))
 
 
-def _forward_ops(layer: Layer, job: TrainingJob, num: Numerics, phase: Phase) -> list[Op]:
-    ops = []
+def _input_cast(layer: Layer, job: TrainingJob, num: Numerics, backward: bool) -> list[Op]:
+    """Autocast's cast of an fp32 input down to the compute type (in backward, of the
+    input's gradient back up to fp32)."""
+    e = job.microbatch_size * input_elements(layer)
+    fp32, low = DTYPE_BYTES["fp32"], num.act_bytes
+    op = memory_op(f"{layer.name}.cast_input{'_grad' if backward else ''}", e, e, fp32)
+    moved = e * (fp32 + low)
+    return [replace(op, layer=layer.name, bytes=moved,
+                    alloc_bytes=e * (fp32 if backward else low))]
+
+
+def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
+                 phase: Phase) -> list[Op]:
+    num = prec.numerics
+    ops = _input_cast(layer, job, num, backward=False) if prec.casts_input else []
     if _autocast(layer, job):
         # Read the fp32 weight, write its copy in the compute type.
         ops.append(memory_op(f"{layer.name}.cast_weight", layer.params, 0, DTYPE_BYTES["fp32"],
@@ -134,10 +148,12 @@ def _forward_ops(layer: Layer, job: TrainingJob, num: Numerics, phase: Phase) ->
     return [op.with_phase(phase) for op in ops]
 
 
-def _input_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
+def _input_grad_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision) -> list[Op]:
+    num = prec.numerics
     if isinstance(layer, CrossEntropy) and job.master_weights:
         return layer.vocab_parallel_backward(job.microbatch_size, num)
-    return layer.backward_input(job.microbatch_size, num)
+    ops = layer.backward_input(job.microbatch_size, num)
+    return ops + (_input_cast(layer, job, num, backward=True) if prec.casts_input else [])
 
 
 def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
@@ -153,11 +169,11 @@ def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
 def microbatch_ops(job: TrainingJob) -> list[Op]:
     """Forward, recompute and backward ops of one microbatch, in issue order."""
     layers = job.model.layers
-    num = job.numerics()
+    precision = layer_precisions(job)
     first = _first_trainable(job)
     ops: list[Op] = []
     for layer in layers:
-        ops += _forward_ops(layer, job, num, "forward")
+        ops += _forward_ops(layer, job, precision[layer.name], "forward")
     recomputed: set[str] = set()
     checkpointed = job.model.checkpointed_blocks if job.checkpointing == "full" else frozenset()
     for i in range(len(layers) - 1, max(first, 0) - 1, -1):
@@ -167,13 +183,15 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
             recomputed.add(block)
             for other in layers[: i + 1]:
                 if other.block == block:
-                    ops += _forward_ops(other, job, num, "recompute")
+                    ops += _forward_ops(other, job, precision[other.name], "recompute")
         if job.checkpointing == "selective" and isinstance(layer, Attention):
-            ops += _forward_ops(layer, job, num, "recompute")
+            ops += _forward_ops(layer, job, precision[layer.name], "recompute")
         if i > first:
-            ops += [op.with_phase("backward") for op in _input_grad_ops(layer, job, num)]
+            ops += [op.with_phase("backward")
+                    for op in _input_grad_ops(layer, job, precision[layer.name])]
         if job.trains_weights(layer):
-            ops += [op.with_phase("backward") for op in _weight_grad_ops(layer, job, num)]
+            ops += [op.with_phase("backward")
+                    for op in _weight_grad_ops(layer, job, precision[layer.name].numerics)]
     return ops
 
 
@@ -227,17 +245,35 @@ def _to_kernel(op: Op, job: TrainingJob, cal: Calibration, host_s: float) -> Ker
                   op.flops, op.bytes, cost.bound, active_seconds(cost))
 
 
-def _python_overheads(kernels: list[Kernel], cal: Calibration) -> tuple[Kernel, ...]:
-    """Host time outside any op: calling each layer's module in forward, and entering the
-    autograd engine once per backward pass (charged to the first kernel of each)."""
+def layer_kind(layer: Layer) -> str:
+    """The kind of layer whose host cost calibration states (layer_us): its op for
+    elementwise layers, else its class."""
+    if isinstance(layer, Elementwise):
+        return layer.op or "elementwise"
+    if isinstance(layer, Attention):
+        return "attention" if layer.fused else "attention_unfused"
+    return {Linear: "linear", Conv2d: "conv", Embedding: "embedding",
+            CrossEntropy: "cross_entropy"}.get(type(layer), type(layer).__name__.lower())
+
+
+def _python_overheads(kernels: list[Kernel], cal: Calibration,
+                      kinds: dict[str, str]) -> tuple[Kernel, ...]:
+    """Host time outside any op: calling each layer's module in forward (and its ops that
+    launch nothing), its autograd nodes in backward, and entering the autograd engine once
+    per backward pass (each charged to the layer's or pass's first kernel)."""
+    o = cal.overhead
     seen: set[tuple[str, str]] = set()
     out = []
     backward_started = False
     for k in kernels:
         extra = 0.0
+        kind = kinds.get(k.layer, "")
         if k.phase in ("forward", "recompute") and (k.phase, k.layer) not in seen:
             seen.add((k.phase, k.layer))
-            extra += cal.overhead.module_us
+            extra += o.module_us + o.layer_us.get(kind, 0.0)
+        if k.phase == "backward" and (k.phase, k.layer) not in seen:
+            seen.add((k.phase, k.layer))
+            extra += o.layer_backward_us.get(kind, 0.0)
         if k.phase == "backward" and not backward_started:
             backward_started = True
             extra += cal.overhead.backward_call_us
@@ -252,7 +288,9 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     host_s = host_cost(job.device, cal)
     training_host_s = host_cost(job.device, cal, autograd=True)
     ops = microbatch_ops(job)
-    micro = _python_overheads([_to_kernel(op, job, cal, training_host_s) for op in ops], cal)
+    kinds = {layer.name: layer_kind(layer) for layer in job.model.layers}
+    micro = _python_overheads([_to_kernel(op, job, cal, training_host_s) for op in ops], cal,
+                              kinds)
     opt_ops = optimizer_ops(job)
     opt = tuple(_to_kernel(op, job, cal, host_s) for op in opt_ops)
     if opt and not job.master_weights:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from gpusim import units
 from gpusim.errors import OutOfMemory
+from gpusim.plan.autocast import layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.workload.attention import Attention
+from gpusim.workload.layers import Layer
 
 # CUDA context, cuDNN handles and the allocator's own reservation (beyond the cuBLAS
 # workspaces, below): commonly 0.5-1 GiB on current GPUs.
@@ -96,17 +98,21 @@ def activation_split(job: TrainingJob) -> tuple[float, float]:
     """(bytes a microbatch keeps from its forward until its backward, bytes re-created
     for one block at a time during backward under full checkpointing)."""
     layers = job.model.layers
-    num = job.numerics()
+    precision = layer_precisions(job)
+
+    def saved(lay: Layer) -> float:
+        return lay.saved_bytes(n, precision[lay.name].numerics)
+
     n = job.microbatch_size
     first = next((i for i, lay in enumerate(layers) if job.trains_weights(lay)), len(layers))
     kept = layers[0 if job.input_requires_grad else first:]  # frozen prefix: no autograd
     if job.checkpointing == "none":
-        return sum(lay.saved_bytes(n, num) for lay in kept), 0.0
+        return sum(saved(lay) for lay in kept), 0.0
     if job.checkpointing == "selective":
         # Attention cores keep only their inputs and outputs; scores and softmax statistics
         # are re-created in backward.
-        return sum(lay.io_bytes(n, num) if isinstance(lay, Attention) else lay.saved_bytes(n, num)
-                   for lay in kept), 0.0
+        return sum(lay.io_bytes(n, precision[lay.name].numerics) if isinstance(lay, Attention)
+                   else saved(lay) for lay in kept), 0.0
     # Full checkpointing keeps each body block's input and re-creates one block at a time;
     # the layers around the body (embeddings, head, loss) keep what they save.
     checkpointed = job.model.checkpointed_blocks
@@ -115,12 +121,12 @@ def activation_split(job: TrainingJob) -> tuple[float, float]:
     previous_out = 0
     for lay in kept:
         if lay.block not in checkpointed:
-            total += lay.saved_bytes(n, num)
+            total += saved(lay)
         else:
             if lay.block not in per_block:
                 per_block[lay.block] = 0.0
-                total += n * previous_out * num.act_bytes
-            per_block[lay.block] += lay.saved_bytes(n, num)
+                total += n * previous_out * precision[lay.name].numerics.act_bytes
+            per_block[lay.block] += saved(lay)
         previous_out = lay.out_elements
     return total, max(per_block.values(), default=0.0)
 

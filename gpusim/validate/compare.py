@@ -125,32 +125,43 @@ class DeviceReport:
         }
 
 
-def _layer_seconds(kernels: list[Kernel], on_gpu: bool) -> float:
-    """A layer's kernels run in a timed loop (as cost.kernels.loop_seconds)."""
-    host = sum(k.host_s for k in kernels)
-    device = sum(k.device_s for k in kernels)
+def isolated_layer_times(job: TrainingJob, cal: Calibration | None = None
+                         ) -> dict[tuple[str, str], tuple[float, float]]:
+    """(layer, phase) -> (host seconds, device seconds) of each layer run alone, as the
+    suites time layers: forward in a loop, backward as its own backward() call."""
+    plan = lower(job, cal)
+    by_layer: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
+    for k in plan.microbatch:
+        by_layer[(k.layer, k.phase)].append(k)
+    # The step makes one backward() call, which the plan charges to the first layer of the
+    # backward pass; alone, every layer's backward pays it.
+    first_backward = next((k.layer for k in plan.microbatch if k.phase == "backward"), "")
+    call_s = units.us(plan.calibration.overhead.backward_call_us)
+    out = {}
+    for (layer, phase), kernels in by_layer.items():
+        host = sum(k.host_s for k in kernels)
+        if phase == "backward" and layer != first_backward:
+            host += call_s
+        out[(layer, phase)] = (host, sum(k.device_s for k in kernels))
+    return out
+
+
+def layer_seconds(host: float, device: float, on_gpu: bool) -> float:
+    """A layer's kernels in a timed loop (as cost.kernels.loop_seconds): on a GPU the
+    host runs ahead and the slower side sets the pace; on a CPU they take turns."""
     return max(host, device) if on_gpu else host + device
 
 
 def _layer_rows(job: TrainingJob, case: dict[str, Any],
                 cal: Calibration | None) -> list[LayerRow]:
-    plan = lower(job, cal)
-    by_layer: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
-    for k in plan.microbatch:
-        by_layer[(k.layer, k.phase)].append(k)
-    # Each layer's backward is timed as its own backward() call; the step makes one, which
-    # the plan charges to the first layer of the backward pass.
-    first_backward = next((k.layer for k in plan.microbatch if k.phase == "backward"), "")
-    call_s = units.us(plan.calibration.overhead.backward_call_us)
+    times = isolated_layer_times(job, cal)
     rows = []
     for measured in case.get("layers", []):
         for phase in ("forward", "backward"):
-            kernels = by_layer.get((measured["layer"], phase))
-            if phase in measured and kernels:
-                seconds = _layer_seconds(kernels, job.device.is_gpu)
-                if phase == "backward" and measured["layer"] != first_backward:
-                    seconds += call_s
-                rows.append(LayerRow(measured["layer"], phase, seconds,
+            if phase in measured and (measured["layer"], phase) in times:
+                host, device = times[(measured["layer"], phase)]
+                rows.append(LayerRow(measured["layer"], phase,
+                                     layer_seconds(host, device, job.device.is_gpu),
                                      measured[phase]["median_s"]))
     return rows
 

@@ -1,0 +1,75 @@
+"""Autocast's types, layer by layer, as PyTorch's mixed precision runs a model.
+
+Only autocast's listed ops run in 16 bits: matrix products, convolutions and attention cast
+their inputs (and fp32 weights) down. Ops on its fp32 list (layer norm, RMS norm, softmax)
+compute and return fp32, and every other op (adds, dropout, activations, batch norm) keeps
+its input's type, promoting to the wider of two. So a transformer's residual stream, which
+starts at an fp32 embedding, stays fp32 throughout: its norms, adds and embedding dropout
+move 4-byte elements, and each projection after a norm first casts its fp32 input to 16
+bits. (Seen in a profiled GPT-2 step on an H100: layer-norm kernels on float, fp32 residual
+adds, and a bf16 copy kernel before each such projection.) A CNN's stream stays 16-bit.
+
+Megatron-style training (16-bit weights with fp32 master copies) keeps everything in 16
+bits and casts nothing, and full-precision training has one type: both are left as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gpusim.plan.job import TrainingJob
+from gpusim.workload.attention import Attention, CrossEntropy, Embedding
+from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
+from gpusim.workload.numerics import Numerics
+
+FP32_LIST = frozenset({"layer_norm", "rms_norm", "softmax"})
+
+
+@dataclass(frozen=True)
+class LayerPrecision:
+    """A layer's numerics (its activation type), and whether autocast first casts its
+    fp32 input down to the compute type."""
+
+    numerics: Numerics
+    casts_input: bool = False
+
+
+def autocasts(job: TrainingJob) -> bool:
+    return job.mixed_precision and not job.master_weights
+
+
+def input_elements(layer: Layer) -> int:
+    """Elements per sample of the input a matrix product or convolution reads."""
+    if isinstance(layer, Linear):
+        return layer.rows * layer.in_features
+    if isinstance(layer, Conv2d):
+        return layer.in_channels * layer.height * layer.width
+    return 0
+
+
+def layer_precisions(job: TrainingJob) -> dict[str, LayerPrecision]:
+    """Each layer's precision under the job's autocast (every layer the job's own otherwise)."""
+    num = job.numerics()
+    if not autocasts(job):
+        return {layer.name: LayerPrecision(num) for layer in job.model.layers}
+    low, wide = num.activation, "fp32"
+    out: dict[str, LayerPrecision] = {}
+    current = wide  # images and other dense inputs arrive in fp32
+    stream = low  # the residual stream's type, once a layer has set it
+    for layer in job.model.layers:
+        casts = False
+        if isinstance(layer, Embedding):
+            act = current = stream = wide  # fp32 tables: an fp32 lookup
+        elif isinstance(layer, (Linear, Conv2d)):
+            casts = current == wide
+            act = current = low
+        elif isinstance(layer, (Attention, CrossEntropy)):
+            act = current = low  # inputs from a projection; the loss casts up itself
+        elif isinstance(layer, Elementwise) and layer.op in FP32_LIST:
+            act = current = stream = wide
+        elif isinstance(layer, Elementwise) and layer.op == "add":
+            act = current = stream = wide if wide in (current, stream) else current
+        else:
+            act = current
+        out[layer.name] = LayerPrecision(replace(num, activation=act), casts)
+    return out
