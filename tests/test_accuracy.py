@@ -36,6 +36,13 @@ def test_step_time_within_budget(report: DeviceReport) -> None:
     assert stats["max_abs_error"] <= budget["step_max_abs_error"], stats
 
 
+def test_device_bound_steps_within_budget(report: DeviceReport) -> None:
+    """Cases the device paces: the GPU model's own error, apart from the host's speed."""
+    budget = BUDGETS[report.device].get("device_bound_step_mape")
+    if budget is not None:
+        assert report.step_stats_where(host_bound=False)["mape"] <= budget
+
+
 def test_layers_within_budget(report: DeviceReport) -> None:
     budget = BUDGETS[report.device]
     stats = report.layer_stats

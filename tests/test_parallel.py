@@ -314,10 +314,11 @@ def test_search_gives_cnns_the_large_microbatches_they_need() -> None:
     assert max(gpt) == 16
     best = search(zoo.get("resnet50"), Topology.build("dgx-h100", 8), 2048, top=3).ranked[0]
     assert best.config.microbatch_size >= 64
-    # With 8 loader workers a replica (2.5 ms an image), no split beats its loaders.
+    # With 4 loader workers a replica (2.5 ms an image), no split beats its loaders (an
+    # H100 trains ResNet-50 at about 2,100 images a second: measurements/h100-sxm).
     fed = search(zoo.get("resnet50"), Topology.build("dgx-h100", 8), 2048, top=3,
-                 loader_workers=8).ranked
-    loaders = 256 * 2.5e-3 / 8
+                 loader_workers=4).ranked
+    loaders = 256 * 2.5e-3 / 4
     assert fed[0].step_time_s == pytest.approx(loaders)
     assert all(r.step_time_s >= loaders * (1 - 1e-9) for r in fed)
 
@@ -376,12 +377,12 @@ def test_a_tied_head_computes_its_weight_gradient_unless_its_embedding_is_frozen
 # --- the input pipeline on many GPUs ------------------------------------------------------
 
 def test_loader_bound_replicas_run_at_the_single_gpu_loader_pace() -> None:
-    """ResNet-50 on H100s outruns 4 loader workers at 2.5 ms a sample: one GPU and eight
-    data-parallel GPUs both take the loaders' 256 x 2.5 ms / 4 = 160 ms a step."""
-    one = estimate("resnet50", "h100-sxm", 256, precision="bf16", loader_workers=4).step
+    """ResNet-50 on H100s outruns 3 loader workers at 2.5 ms a sample: one GPU and eight
+    data-parallel GPUs both take the loaders' 256 x 2.5 ms / 3 = 213 ms a step."""
+    one = estimate("resnet50", "h100-sxm", 256, precision="bf16", loader_workers=3).step
     eight = estimate("resnet50", "h100-sxm", 8 * 256, precision="bf16", num_gpus=8,
-                     loader_workers=4).step
-    assert eight.step_time_s == pytest.approx(0.160, rel=1e-6)
+                     loader_workers=3).step
+    assert eight.step_time_s == pytest.approx(256 * 2.5e-3 / 3, rel=1e-6)
     assert eight.step_time_s == pytest.approx(one.step_time_s, rel=0.01)
     assert eight.breakdown_s["input_pipeline"] > 0.3 * eight.step_time_s
     assert sum(eight.breakdown_s.values()) == pytest.approx(eight.step_time_s)

@@ -67,11 +67,14 @@ def test_a_slow_loader_makes_the_step_input_bound(h100: GPUProfile) -> None:
 
 
 def test_gradient_accumulation_scales_the_step(h100: GPUProfile) -> None:
-    one = simulate_step(TrainingJob(zoo.get("gpt2"), h100, 8, "bf16", loader_workers=0))
-    four = simulate_step(TrainingJob(zoo.get("gpt2"), h100, 32, "bf16", grad_accum=4,
+    # Large enough that the device, not the host, sets the pace of every phase.
+    one = simulate_step(TrainingJob(zoo.get("gpt2"), h100, 16, "bf16", loader_workers=0))
+    four = simulate_step(TrainingJob(zoo.get("gpt2"), h100, 64, "bf16", grad_accum=4,
                                      loader_workers=0))
     opt = one.breakdown_s["optimizer"]
-    assert four.step_time_s == pytest.approx(4 * (one.step_time_s - opt) + opt, rel=0.01)
+    # Within 2%: a step's first microbatch waits for the host to issue its first layers;
+    # later microbatches' host work hides behind the device's work on the one before.
+    assert four.step_time_s == pytest.approx(4 * (one.step_time_s - opt) + opt, rel=0.02)
 
 
 def test_simulation_is_deterministic(h100: GPUProfile) -> None:

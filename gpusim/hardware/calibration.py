@@ -119,6 +119,10 @@ class Calibration(Frozen):
     gemm: GemmCalibration
     memory: MemoryCalibration
     overhead: OverheadCalibration
+    host_overhead_from: str | None = Field(
+        None, description="an architecture whose calibration's host-side overheads (all of "
+                          "overhead but kernel_us) this one uses: they are costs of the host "
+                          "CPU and of PyTorch, measured once on one machine, not of this GPU")
     idle_power_fraction: Fraction = Field(
         description="board power when idle, as a fraction of TDP"
     )
@@ -162,7 +166,20 @@ def stated_defaults(device: DeviceProfile) -> Calibration:
 
 def calibration_for(device: DeviceProfile, own: bool = True) -> Calibration:
     """The calibration of ``device``: its own fitted file (unless ``own`` is False), else its
-    architecture's."""
+    architecture's; host-side overheads from the architecture it names for them, if any."""
+    cal = _calibration_file_for(device, own)
+    if cal.host_overhead_from is None:
+        return cal
+    source = next((c for c in _all(str(profiles_dir()))
+                   if c.architecture == cal.host_overhead_from), None)
+    if source is None:
+        raise InvalidProfile(f"calibration {cal.name} takes its host overheads from "
+                             f"{cal.host_overhead_from!r}, which has no calibration file")
+    host = source.overhead.model_copy(update={"kernel_us": cal.overhead.kernel_us})
+    return cal.model_copy(update={"overhead": host})
+
+
+def _calibration_file_for(device: DeviceProfile, own: bool) -> Calibration:
     found = _all(str(profiles_dir()))
     for cal in found:
         if own and cal.device == device.name:

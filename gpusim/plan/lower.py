@@ -295,11 +295,12 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     opt = tuple(_to_kernel(op, job, cal, host_s) for op in opt_ops)
     if opt and not job.master_weights:
         # torch.optim's step() in Python: a fixed cost, and per parameter tensor the list
-        # building and grouping its foreach kernels take (charged to the first kernel).
+        # building and grouping its foreach kernels take, spread over its kernels (the
+        # Python runs between the launches, so the device works meanwhile).
         tensors = sum(len(lay.tensor_sizes()) for lay in job.model.layers
                       if lay.params and job.is_trainable(lay.name))
-        opt = (replace(opt[0], host_s=opt[0].host_s + optimizer_host_s(tensors, cal)),
-               *opt[1:])
+        each = optimizer_host_s(tensors, cal) / len(opt)
+        opt = tuple(replace(k, host_s=k.host_s + each) for k in opt)
     n = job.microbatch_size
     link = _host_link(job)
     copy_s = 0.0

@@ -17,12 +17,13 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpusim import units
 from gpusim.comm.collectives import Collective, collective_seconds
 from gpusim.comm.topology import CommGroup
 from gpusim.cost.energy import active_seconds
-from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra
+from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.plan.lower import microbatch_ops, optimizer_ops
+from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.parallel_job import ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
@@ -151,8 +152,25 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             comm += max(0.0, seconds - hidden)
+    return Work(compute, recompute, comm, _host_seconds(ops, passes, layers, cal, host_per_op),
+                flops, len(ops), active)
+
+
+def _host_seconds(ops: list[Op], passes: dict[tuple[str, str], None],
+                  layers: dict[str, Layer], cal: Calibration, host_per_op: float) -> float:
+    """What the host spends on a pass, as the single-device lowering charges it: each op's
+    dispatch, each layer's Python and autograd nodes, and a backward() call per backward."""
+    o = cal.overhead
     host = host_per_op * len(ops) + sum(op_host_extra(op, cal) for op in ops)
-    return Work(compute, recompute, comm, host, flops, len(ops), active)
+    for phase, name in passes:
+        kind = layer_kind(layers[name])
+        if phase == "backward":
+            host += units.us(o.layer_backward_us.get(kind, 0.0))
+        else:
+            host += units.us(o.module_us + o.layer_us.get(kind, 0.0))
+    if any(op.phase == "backward" for op in ops):
+        host += units.us(o.backward_call_us)
+    return host
 
 
 def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
@@ -229,8 +247,14 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
                             job.model.family)
         opt_job = job.stage_job(stage_model)
         shard = 1 / p.data if p.zero >= 1 else 1.0
+        opt_ops = optimizer_ops(opt_job)
         optimizer_s = sum(kernel_cost(op, job.topology.gpu, cal).seconds
-                          for op in optimizer_ops(opt_job)) * shard
+                          for op in opt_ops) * shard
+        if opt_ops and not job.master_weights:  # torch.optim's step() on the host
+            tensors = sum(len(la.tensor_sizes()) for la in stage_model.layers
+                          if la.params and job.whole.is_trainable(la.name))
+            optimizer_s = max(optimizer_s, optimizer_host_s(tensors, cal)
+                              + host_per_op * len(opt_ops))
         stages.append(StagePlan(s, chunks, optimizer_s, params))
     groups = job.topology.parallel_groups(tensor=p.tensor, data=p.data, pipeline=p.pipeline)
     if tied_embedding_params(job):

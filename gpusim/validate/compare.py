@@ -26,6 +26,9 @@ from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import Kernel, lower
 from gpusim.workload.formats import model_from_spec
 
+# A predicted step in which the device waits on the host for more than this is host-bound.
+HOST_BOUND_FRACTION = 0.3
+
 
 @dataclass(frozen=True)
 class LayerRow:
@@ -50,6 +53,12 @@ class CaseRow:
     predicted_peak_bytes: float | None = None
     measured_peak_bytes: float | None = None
     layers: list[LayerRow] = field(default_factory=list)
+    host_fraction: float = 0.0  # of the predicted step, the device waiting on the host
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether the host sets the pace: then the machine's CPU, not its GPU, decides."""
+        return self.host_fraction > HOST_BOUND_FRACTION
 
     @property
     def error(self) -> float:
@@ -94,6 +103,10 @@ class DeviceReport:
     def step_stats(self) -> dict[str, float]:
         return _stats([r.error for r in self.rows])
 
+    def step_stats_where(self, host_bound: bool) -> dict[str, float]:
+        """Step errors of the cases the prediction calls host-bound (or device-bound)."""
+        return _stats([r.error for r in self.rows if r.host_bound == host_bound])
+
     @property
     def layer_stats(self) -> dict[str, float]:
         return _stats([lay.error for r in self.rows for lay in r.layers])
@@ -111,6 +124,10 @@ class DeviceReport:
         return {
             "device": self.device, "source": self.source, "calibration": self.calibration,
             "cases": len(self.rows), **self.step_stats,
+            "device_bound": {"cases": sum(not r.host_bound for r in self.rows),
+                             **self.step_stats_where(False)},
+            "host_bound": {"cases": sum(r.host_bound for r in self.rows),
+                           **self.step_stats_where(True)},
             "worst_case": worst.id if worst else None,
             "worst_error": worst.error if worst else None,
             "layer_rows": sum(len(r.layers) for r in self.rows),
@@ -175,7 +192,8 @@ def predict_case(case: dict[str, Any], device: DeviceProfile,
     step = simulate_step(job, cal)
     return CaseRow(case["id"], model.name, case["batch_size"], case["precision"],
                    step.step_time_s, case["step"]["median_s"], step.peak_memory_bytes,
-                   case.get("peak_memory_bytes"), _layer_rows(job, case, cal))
+                   case.get("peak_memory_bytes"), _layer_rows(job, case, cal),
+                   step.breakdown_s.get("host_dispatch", 0.0) / step.step_time_s)
 
 
 def validate_file(path: str | Path, calibration: Calibration | None = None,

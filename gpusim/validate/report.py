@@ -36,6 +36,11 @@ def format_reports(reports: list[DeviceReport], verbose: bool = False) -> str:
         lines.append(f"  step time: MAPE {_abs_pct(d['mape'])}, p90 "
                      f"{_abs_pct(d['p90_abs_error'])}, max {_abs_pct(d['max_abs_error'])} "
                      f"({d['worst_case']})")
+        for key, what in (("device_bound", "device-bound"), ("host_bound", "host-bound")):
+            part = d[key]
+            if part["cases"] and d["device_bound"]["cases"] and d["host_bound"]["cases"]:
+                lines.append(f"    {what} ({part['cases']} cases): MAPE "
+                             f"{_abs_pct(part['mape'])}, max {_abs_pct(part['max_abs_error'])}")
         layer = d["layer"]
         lines.append(f"  per layer ({d['layer_rows']} forward/backward rows): MAPE "
                      f"{_abs_pct(layer['mape'])}, p90 {_abs_pct(layer['p90_abs_error'])}")
