@@ -14,6 +14,7 @@ import simpy
 from gpusim.cli import main
 from gpusim.comm.topology import Topology
 from gpusim.errors import InvalidConfig
+from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.plan.parallel import ParallelPlan, plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.sim.pipeline import simulate_pipeline
@@ -26,10 +27,21 @@ GPT = build_transformer(TransformerConfig(name="gpt-8l", layers=8, hidden=1024, 
                                           vocab=51200, seq_len=1024))
 
 
-def plan(num_gpus: int = 16, batch: int = 64, **split: object) -> ParallelPlan:
+def plan(num_gpus: int = 16, batch: int = 64, calibration: Calibration | None = None,
+         **split: object) -> ParallelPlan:
     config = ParallelConfig(**split)  # type: ignore[arg-type]
     return plan_parallel(ParallelJob(GPT, Topology.build("dgx-a100", num_gpus), batch, config,
-                                     "bf16", "adam", "none"))
+                                     "bf16", "adam", "none"), calibration)
+
+
+def without_host_costs() -> Calibration:
+    """The A100's calibration with the host's per-layer Python costs set aside, so a small
+    model's passes are paced by the device and its links."""
+    cal = calibration_for(Topology.build("dgx-a100", 8).gpu)
+    quiet = cal.overhead.model_copy(update={
+        "layer_us": {}, "layer_backward_us": {}, "backward_call_us": 0.0, "cublas_us": 0.0,
+        "cudnn_us": 0.0, "optimizer_us": 0.0, "optimizer_tensor_us": 0.0})
+    return cal.model_copy(update={"overhead": quiet})
 
 
 def test_ranks_are_numbered_tensor_innermost_then_data_then_pipeline() -> None:
@@ -172,7 +184,8 @@ def test_tensor_and_data_parallel_traffic_share_a_gpus_switch_links_inside_a_nod
         return p.microbatches * (chunk.forward.tp_comm_s + chunk.backward.tp_comm_s)
 
     # ZeRO-3 gathers and reduces during every pass, over the NVSwitch the TP all-reduces use.
-    fsdp = plan(num_gpus=8, tensor=2, data=4, microbatch_size=2, zero=3)
+    fsdp = plan(num_gpus=8, tensor=2, data=4, microbatch_size=2, zero=3,
+                calibration=without_host_costs())
     assert not fsdp.groups["data"].spans_nodes
     shared = simulate_pipeline(fsdp, trace=False)
     assert shared.breakdown_s["tensor_parallel_comm"] > 1.01 * static_tp(fsdp)

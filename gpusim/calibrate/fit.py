@@ -143,17 +143,20 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     gemm = of(lambda c: c["kind"] == "gemm" and not c.get("misaligned"))
     precisions = sorted({c["precision"] for c in gemm})
     misaligned = of(lambda c: c["kind"] == "gemm" and bool(c.get("misaligned")))
+    gemm_params: list[tuple[Path_, str]] = [
+        (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
+    gemm_params.append((("gemm", "ramp_us"), "us"))
+    if device.is_gpu:  # a cuBLAS call's host cost, told apart by the CUDA-graph replays
+        gemm_params.append((("overhead", "cublas_us"), "us"))
     conv = of(lambda c: c["kind"] == "conv")
     conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
     out: list[Group] = [
         ("memory", of(lambda c: c["kind"] == "elementwise" and c["op"] != "add_alloc"
                       and (c.get("graph") or not graphed or c["bytes"] >= LOOP_MIN_BYTES)),
          [(("memory", "max_efficiency"), "efficiency"), (("memory", "ramp_us"), "us")]),
-        ("gemm", gemm, [(("gemm", "max_efficiency", p), "efficiency") for p in precisions]
-         + [(("gemm", "ramp_us"), "us")]
-         + ([(("overhead", "cublas_us"), "us")] if device.is_gpu else [])),
+        ("gemm", gemm, gemm_params),
         ("misaligned", misaligned,
-         [(("gemm", "misaligned_factor", p), "factor")
+         [(("gemm", "misaligned_factor", str(p)), "factor")
           for p in sorted({c["precision"] for c in misaligned} & TENSOR_CORE_MATH)]),
         ("conv", conv, [(("gemm", "conv_factors", m), "factor") for m in conv_math]
          + ([(("overhead", "cudnn_us"), "us")] if device.is_gpu else [])),
@@ -307,6 +310,8 @@ def for_architecture(result: FitResult) -> FitResult:
     datasheet figures (clocks, memory bandwidth) the model already takes per device."""
     cal = result.calibration
     device = catalog().find(str(cal.device))
+    if not isinstance(device, DeviceProfile):
+        raise InvalidMeasurement(f"{cal.device} is not a device profile")
     arch = device.architecture
     rationale = (f"Fitted on {device.name} and used for every {arch} device without a fit "
                  f"of its own. " + cal.rationale)

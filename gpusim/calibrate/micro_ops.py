@@ -73,9 +73,9 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
     if kind == "batch_norm":
         num = numerics(case["precision"], device)
         hw = case["height"]
-        layer = batch_norm(case["id"], case["channels"], case["channels"] * hw * hw)
+        norm = batch_norm(case["id"], case["channels"], case["channels"] * hw * hw)
         n = case["batch"]
-        return layer.forward(n, num) if case["pass"] == "forward" else layer.backward_input(n, num)
+        return norm.forward(n, num) if case["pass"] == "forward" else norm.backward_input(n, num)
     if kind == "elementwise":
         reads, writes = ELEMENTWISE_PASSES[case["op"]]
         elements = case["bytes"] / DTYPE_BYTES[case["dtype"]]
