@@ -69,7 +69,8 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         att = Attention(case["id"], case["heads"], case["head_dim"], case["seq"],
                         causal=case["causal"], fused=True)
         n = case["batch"]
-        return att.forward(n, num) if case["pass"] == "forward" else att.backward_input(n, num)
+        ops = att.forward(n, num) if case["pass"] == "forward" else att.backward_input(n, num)
+        return [op for op in ops if op.kind == "attention"]  # SDPA on (b, h, s, d) alone
     if kind == "batch_norm":
         num = numerics(case["precision"], device)
         hw = case["height"]

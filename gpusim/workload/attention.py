@@ -51,36 +51,51 @@ class Attention(Layer):
         return [gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes)
                 for key in names]
 
+    def _layout(self, name: str, elements: float, num: Numerics) -> Op:
+        """A copy between the projections' (batch, seq, heads x dim) layout and the
+        kernels' (batch, heads, seq, dim): the heads' output merged back in forward, its
+        gradient split in backward."""
+        return memory_op(f"{self.name}.{name}", elements, elements, num.act_bytes, 0)
+
+    def _qkv_grad_pack(self, n: int, num: Numerics) -> Op:
+        """dq, dk and dv concatenated into the packed QKV projection's gradient (the
+        backward of splitting one projection's output into heads)."""
+        e = n * self.seq * self.head_dim * (self.heads + 2 * self._kv)
+        return memory_op(f"{self.name}.dqkv_pack", e, e, num.act_bytes, 0)
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
+        out = n * self.out_elements
         if self.fused:
-            out = n * self.seq * self.heads * self.head_dim * num.act_bytes
-            return self._tag([Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
-                                 self._qkvo_elements(n) * num.act_bytes, num.matmul,
-                                 alloc_bytes=out)])
-        scores = n * self.heads * self.seq**2
-        ops = self._score_gemms(n, ("qk",), num)
-        ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
-        if self.dropout:
-            ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
-                                 mask_written=scores))
-        ops += self._score_gemms(n, ("av",), num)
-        return self._tag(ops)
+            ops = [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
+                      self._qkvo_elements(n) * num.act_bytes, num.matmul,
+                      alloc_bytes=out * num.act_bytes)]
+        else:
+            scores = n * self.heads * self.seq**2
+            ops = self._score_gemms(n, ("qk",), num)
+            ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
+            if self.dropout:
+                ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
+                                     mask_written=scores))
+            ops += self._score_gemms(n, ("av",), num)
+        return self._tag([*ops, self._layout("merge_heads", out, num)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        ops = [self._layout("split_heads_grad", n * self.out_elements, num)]
         if self.fused:
             moved = (self._qkvo_elements(n) * 2) * num.act_bytes
             grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
-            return self._tag([Op(f"{self.name}.flash_bwd", "attention",
-                                 2.5 * self._fused_flops(n), moved, num.matmul,
-                                 alloc_bytes=grads)])
-        scores = n * self.heads * self.seq**2
-        ops = self._score_gemms(n, ("dv", "dp"), num)
-        if self.dropout:
-            ops.append(memory_op(f"{self.name}.dropout_bwd", scores, scores, num.act_bytes,
-                                 mask_read=scores))
-        ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores, num.act_bytes, 3))
-        ops += self._score_gemms(n, ("dq", "dk"), num)
-        return self._tag(ops)
+            ops.append(Op(f"{self.name}.flash_bwd", "attention", 2.5 * self._fused_flops(n),
+                          moved, num.matmul, alloc_bytes=grads))
+        else:
+            scores = n * self.heads * self.seq**2
+            ops += self._score_gemms(n, ("dv", "dp"), num)
+            if self.dropout:
+                ops.append(memory_op(f"{self.name}.dropout_bwd", scores, scores,
+                                     num.act_bytes, mask_read=scores))
+            ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores,
+                                 num.act_bytes, 3))
+            ops += self._score_gemms(n, ("dq", "dk"), num)
+        return self._tag([*ops, self._qkv_grad_pack(n, num)])
 
     def io_bytes(self, n: int, num: Numerics) -> float:
         """Q, K, V and the output: what selective recompute keeps."""
