@@ -15,16 +15,19 @@ from gpusim.plan.lower import microbatch_ops, optimizer_ops
 from gpusim.validate.megatron import CASES, job_for, predict
 from gpusim.workload import zoo
 
-# Accuracy as of this commit (benchmarks/megatron.py prints it): max 17.5%, mean 9.1%. The
-# issue's target is 10% on every case. The V100 rows (DGX-2) land within 6%; the same
-# workloads on A100s run 6-11% (40 GB; one row 3% slow) and 6-18% (80 GB) fast: the Ampere
+# Accuracy as of this commit (benchmarks/megatron.py prints it): max 16.5%, mean 8.7%. The
+# issue's target is 10% on every case. The V100 rows (DGX-2) land within 7%; the same
+# workloads on A100s run 5-10% (40 GB; one row 3.5% slow) and 6-17% (80 GB) fast: the Ampere
 # default kernel efficiencies, not the parallel model (the largest miss, SC'21 1.7B, has no
 # TP or PP and hides its data-parallel reduction). Megatron-LM's fused optimizer and running
 # the head and loss once under full checkpointing each moved every row faster; its fp32
-# vocab-parallel cross-entropy moved them back by under 1%.
-MEGATRON_MAX_ERROR = 0.19
-MEGATRON_MEAN_ERROR = 0.095
-MEGATRON_V100_MAX_ERROR = 0.06
+# vocab-parallel cross-entropy moved them back by under 1%. Attention's layout copies
+# (merging heads, packing dq/dk/dv: kernels of their own in profiled H100 steps) moved every
+# row slower: each A100 row closer, the two smallest V100 rows from 5.6% and 4.9% to 6.7%
+# and 5.7% slow, the mean from 9.1% to 8.7%.
+MEGATRON_MAX_ERROR = 0.17
+MEGATRON_MEAN_ERROR = 0.09
+MEGATRON_V100_MAX_ERROR = 0.07
 
 
 @pytest.mark.parametrize("precision, per_param", [
