@@ -16,6 +16,7 @@ from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device, load_system
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
+from gpusim.plan.autocast import autocasts
 from gpusim.plan.job import (
     DEFAULT_LOADER_WORKERS,
     Checkpointing,
@@ -278,6 +279,12 @@ def _assumptions(job: TrainingJob) -> list[str]:
                    "last")
     out.append("PyTorch eager execution, one kernel per op, no CUDA graphs; a host "
                "synchronize at the end of each step")
+    if job.device.is_gpu and any(isinstance(la, Conv2d) for la in job.model.layers):
+        out.append("tensors in PyTorch's default NCHW layout: cuDNN transposes them for its "
+                   "tensor-core convolutions (channels-last training skips that)")
+    if autocasts(job):
+        out.append("autocast: norms, softmax and a transformer's residual stream stay fp32; "
+                   "each fp32 weight is cast once per forward")
     out.append(_ENERGY)
     return out
 
