@@ -164,8 +164,12 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
          [(("memory", "kernel_factors", f), "factor") for f in sorted(
              {batch_norm("", 1, 1).family(numerics(c["precision"], device))
               for c in cases if c["kind"] == "batch_norm"})]),
-        ("attention", of(lambda c: c["kind"] == "attention"),
-         [(("gemm", "attention_factor"), "factor")]),
+        # What training gets: SDPA's own choice of backend (the "auto" cases), forward and
+        # backward apart.
+        ("attention", of(lambda c: c["kind"] == "attention"
+                         or (c["kind"] == "sdpa" and c.get("backend") == "auto")),
+         [(("gemm", "attention_factor"), "factor"),
+          (("gemm", "attention_backward_factor"), "factor")]),
         ("optimizer", of(lambda c: c["kind"] == "optimizer" and c["impl"] == "default"),
          [(("overhead", "optimizer_us"), "us"), (("overhead", "optimizer_tensor_us"), "us")]),
         ("pcie", of(lambda c: c["kind"] == "host_copy" and c["pinned"]),

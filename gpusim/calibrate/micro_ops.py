@@ -64,10 +64,10 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         if case["pass"] == "forward":
             return layer.forward(n, num)
         return layer.backward_input(n, num) + layer.backward_weight(n, num)
-    if kind == "attention":
+    if kind in ("attention", "sdpa"):
         num = numerics(case["precision"], device)
         att = Attention(case["id"], case["heads"], case["head_dim"], case["seq"],
-                        causal=case["causal"], fused=True)
+                        kv_heads=case.get("kv_heads", 0), causal=case["causal"], fused=True)
         n = case["batch"]
         ops = att.forward(n, num) if case["pass"] == "forward" else att.backward_input(n, num)
         return [op for op in ops if op.kind == "attention"]  # SDPA on (b, h, s, d) alone

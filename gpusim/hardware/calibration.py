@@ -50,6 +50,10 @@ class GemmCalibration(Frozen):
                     "reach about the same FLOP rate in TF32 and in bf16 on Hopper, so one "
                     "factor over both precisions' GEMM peaks cannot fit both")
     attention_factor: Fraction = Field(1.0, description="fused attention relative to GEMM")
+    attention_backward_factor: Fraction | None = Field(
+        None, description="fused attention's backward relative to GEMM (none: "
+                          "attention_factor); its five products and the recomputed softmax "
+                          "reach less of the peak than the forward's two")
     misaligned_factor: dict[str, Fraction] = Field(
         default_factory=dict,
         description="per math precision, a matrix product's efficiency relative to "

@@ -85,7 +85,7 @@ class Attention(Layer):
             moved = (self._qkvo_elements(n) * 2) * num.act_bytes
             grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
             ops.append(Op(f"{self.name}.flash_bwd", "attention", 2.5 * self._fused_flops(n),
-                          moved, num.matmul, alloc_bytes=grads))
+                          moved, num.matmul, alloc_bytes=grads, family="attention_backward"))
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("dv", "dp"), num)
