@@ -125,6 +125,26 @@ def time_gemm_fp8(m: int, n: int, k: int, device: torch.device, repeats: int) ->
                      repeats=repeats)
 
 
+def time_forward_backward(forward: Callable[[], Any], leaves: list[torch.Tensor],
+                          device: torch.device, repeats: int) -> dict[str, Timing]:
+    """Time ``forward()`` alone, and the backward of its output as one ``backward()`` call
+    per sample (untimed: the gradients of ``leaves`` cleared, the forward run again, a
+    random output gradient drawn; a scalar output, a loss, takes none)."""
+    state: dict[str, Any] = {}
+
+    def setup() -> None:
+        for t in leaves:
+            t.grad = None
+        state["out"] = forward()
+        state["grad"] = None if state["out"].dim() == 0 else torch.randn_like(state["out"])
+
+    out = {"forward": time_call(forward, device, repeats=repeats),
+           "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
+                                 setup=setup, repeats=repeats)}
+    state.clear()  # free the graph before the next case allocates
+    return out
+
+
 def time_conv(shape: dict[str, int], precision: str, device: torch.device,
               repeats: int) -> dict[str, Timing]:
     """Forward, and backward producing both the input and the weight gradient."""
@@ -135,7 +155,6 @@ def time_conv(shape: dict[str, int], precision: str, device: torch.device,
                     device=device, requires_grad=True)
     ctx = (torch.autocast(device.type, dtype=TORCH_DTYPES[precision])
            if precision in ("fp16", "bf16") else None)
-    state: dict[str, Any] = {}
 
     def forward() -> Any:
         if ctx is None:
@@ -143,14 +162,7 @@ def time_conv(shape: dict[str, int], precision: str, device: torch.device,
         with torch.autocast(device.type, dtype=TORCH_DTYPES[precision]):
             return conv(x)
 
-    def setup() -> None:
-        conv.weight.grad = x.grad = None
-        state["out"] = forward()
-        state["grad"] = torch.randn_like(state["out"])
-
-    return {"forward": time_call(forward, device, repeats=repeats),
-            "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
-                                  setup=setup, repeats=repeats)}
+    return time_forward_backward(forward, [conv.weight, x], device, repeats)
 
 
 def time_attention(shape: dict[str, Any], precision: str, device: torch.device,
@@ -159,19 +171,11 @@ def time_attention(shape: dict[str, Any], precision: str, device: torch.device,
     dims = (shape["batch"], shape["heads"], shape["seq"], shape["head_dim"])
     q, k, v = (torch.randn(dims, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))
-    state: dict[str, Any] = {}
 
     def forward() -> Any:
         return F.scaled_dot_product_attention(q, k, v, is_causal=shape["causal"])
 
-    def setup() -> None:
-        q.grad = k.grad = v.grad = None
-        state["out"] = forward()
-        state["grad"] = torch.randn_like(state["out"])
-
-    return {"forward": time_call(forward, device, repeats=repeats),
-            "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
-                                  setup=setup, repeats=repeats)}
+    return time_forward_backward(forward, [q, k, v], device, repeats)
 
 
 def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: int,
@@ -345,7 +349,6 @@ def time_sdpa(shape: dict[str, Any], backend: str | None, device: torch.device,
                     requires_grad=True)
     k, v = (torch.randn(b, shape["kv_heads"], s, d, device=device, dtype=torch.bfloat16,
                         requires_grad=True) for _ in range(2))
-    state: dict[str, Any] = {}
 
     def forward() -> Any:
         ctx = sdpa_kernel([kinds[backend]]) if backend else contextlib.nullcontext()
@@ -353,18 +356,7 @@ def time_sdpa(shape: dict[str, Any], backend: str | None, device: torch.device,
             return F.scaled_dot_product_attention(q, k, v, is_causal=shape["causal"],
                                                   enable_gqa=gqa)
 
-    def setup() -> None:
-        q.grad = k.grad = v.grad = None
-        state["out"] = forward()
-        state["grad"] = torch.randn_like(state["out"])
-
-    out = {"forward": time_call(forward, device, repeats=repeats),
-           "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
-                                 setup=setup, repeats=repeats)}
-    state.clear()
-    return out
-
-
+    return time_forward_backward(forward, [q, k, v], device, repeats)
 
 
 NORM_OPS = ("layer_norm", "rms_norm", "softmax", "gelu", "silu_mul", "cross_entropy")
@@ -413,24 +405,13 @@ def time_row_kernel(op: str, rows: int, cols: int, device: torch.device,
 
     sets = _rotated(lambda: torch.randn(rows, width, device=device, dtype=dtype,
                                         requires_grad=True), 3 * rows * width * 2, cache_bytes)
-    state: dict[str, Any] = {"i": 0}
+    turn = {"i": 0}
 
     def forward() -> Any:
-        state["i"] = (state["i"] + 1) % len(sets)
-        return fn(sets[state["i"]])
+        turn["i"] = (turn["i"] + 1) % len(sets)
+        return fn(sets[turn["i"]])
 
-    def setup() -> None:
-        weight.grad = None
-        for x in sets:
-            x.grad = None
-        state["out"] = forward()
-        state["grad"] = None if state["out"].dim() == 0 else torch.randn_like(state["out"])
-
-    out = {"forward": time_call(forward, device, repeats=repeats),
-           "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
-                                 setup=setup, repeats=repeats)}
-    state.clear()
-    return out
+    return time_forward_backward(forward, [weight, *sets], device, repeats)
 
 
 ADAM_IMPLS = ("fused", "foreach", "for-loop")
@@ -467,21 +448,8 @@ def time_batch_norm(batch: int, channels: int, hw: int, precision: str, device: 
     norm = torch.nn.BatchNorm2d(channels).to(device)
     dtype = torch.float32 if precision == "fp32" else TORCH_DTYPES[precision]
     x = torch.randn(batch, channels, hw, hw, device=device, dtype=dtype, requires_grad=True)
-    state: dict[str, Any] = {}
-
-    def forward() -> Any:
-        return norm(x)
-
-    def setup() -> None:
-        norm.weight.grad = norm.bias.grad = x.grad = None
-        state["out"] = forward()
-        state["grad"] = torch.randn_like(state["out"])
-
-    out = {"forward": time_call(forward, device, repeats=repeats),
-           "backward": time_call(lambda: state["out"].backward(state["grad"]), device,
-                                 setup=setup, repeats=repeats)}
-    state.clear()
-    return out
+    return time_forward_backward(lambda: norm(x), [norm.weight, norm.bias, x], device,
+                                 repeats)
 
 
 # Tiny models whose every layer kind the zoo uses appears at a size too small to keep the
