@@ -29,7 +29,13 @@ from typing import Any
 
 import yaml
 
-from gpusim.calibrate.micro_ops import layer_host_job, layer_host_times, numerics, predict
+from gpusim.calibrate.micro_ops import (
+    ROW_KERNEL_LAYERS,
+    layer_host_job,
+    layer_host_times,
+    numerics,
+    predict,
+)
 from gpusim.errors import InvalidMeasurement
 from gpusim.hardware.calibration import Calibration, stated_defaults
 from gpusim.hardware.catalog import catalog, profiles_dir
@@ -148,6 +154,8 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     gemm_params.append((("gemm", "ramp_us"), "us"))
     if device.is_gpu:  # a cuBLAS call's host cost, told apart by the CUDA-graph replays
         gemm_params.append((("overhead", "cublas_us"), "us"))
+    rows = of(lambda c: c["kind"] == "row_kernel" and c["op"] in ROW_KERNEL_LAYERS)
+    row_families = sorted({ROW_KERNEL_LAYERS[c["op"]]("", 1, 1).op for c in rows})
     conv = of(lambda c: c["kind"] == "conv")
     conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
     out: list[Group] = [
@@ -166,6 +174,8 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
               for c in cases if c["kind"] == "batch_norm"})]),
         # What training gets: SDPA's own choice of backend (the "auto" cases), forward and
         # backward apart.
+        ("row kernels", rows,
+         [(("memory", "kernel_factors", f), "factor") for f in row_families]),
         ("attention", of(lambda c: c["kind"] == "attention"
                          or (c["kind"] == "sdpa" and c.get("backend") == "auto")),
          [(("gemm", "attention_factor"), "factor"),

@@ -8,6 +8,7 @@ convolution case is a ``Conv2d`` layer's forward or backward ops, an attention c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any
@@ -28,12 +29,30 @@ from gpusim.plan.lower import OPTIMIZER_PASSES, pass_ops
 from gpusim.validate.compare import isolated_layer_times, layer_seconds
 from gpusim.workload.attention import Attention
 from gpusim.workload.formats import model_from_spec
-from gpusim.workload.layers import Conv2d, batch_norm
+from gpusim.workload.layers import (
+    Conv2d,
+    Elementwise,
+    batch_norm,
+    gelu,
+    layer_norm,
+    rms_norm,
+    swiglu,
+)
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
 
 # Passes over the operand each elementwise case makes: (elements read, elements written).
 ELEMENTWISE_PASSES = {"copy": (1, 1), "add": (2, 1), "add_alloc": (2, 1), "sum": (1, 0)}
+
+
+# The micro suite's row kernels as the zoo's layers (rows x columns of 16-bit activations):
+# their kernel families' bandwidth factors are fitted on them.
+ROW_KERNEL_LAYERS: dict[str, Callable[[str, int, int], Elementwise]] = {
+    "layer_norm": lambda name, rows, cols: layer_norm(name, cols, rows),
+    "rms_norm": lambda name, rows, cols: rms_norm(name, cols, rows),
+    "gelu": lambda name, rows, cols: gelu(name, rows * cols),
+    "silu_mul": lambda name, rows, cols: swiglu(name, rows * cols),
+}
 
 
 def numerics(precision: str, device: DeviceProfile) -> Numerics:
@@ -77,6 +96,10 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         norm = batch_norm(case["id"], case["channels"], case["channels"] * hw * hw)
         n = case["batch"]
         return norm.forward(n, num) if case["pass"] == "forward" else norm.backward_input(n, num)
+    if kind == "row_kernel" and case["op"] in ROW_KERNEL_LAYERS:
+        row = ROW_KERNEL_LAYERS[case["op"]](case["id"], case["rows"], case["cols"])
+        num = numerics(case["precision"], device)
+        return row.forward(1, num) if case["pass"] == "forward" else row.backward_input(1, num)
     if kind == "elementwise":
         reads, writes = ELEMENTWISE_PASSES[case["op"]]
         elements = case["bytes"] / DTYPE_BYTES[case["dtype"]]
