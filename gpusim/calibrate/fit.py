@@ -159,7 +159,9 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     conv = of(lambda c: c["kind"] == "conv")
     conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
     out: list[Group] = [
-        ("memory", of(lambda c: c["kind"] == "elementwise" and c["op"] != "add_alloc"
+        # (casts change type in an unvectorized kernel of their own: not a copy's bandwidth)
+        ("memory", of(lambda c: c["kind"] == "elementwise" and c["op"] not in ("add_alloc",
+                                                                              "cast")
                       and (c.get("graph") or not graphed or c["bytes"] >= LOOP_MIN_BYTES)),
          [(("memory", "max_efficiency"), "efficiency"), (("memory", "ramp_us"), "us")]),
         ("gemm", gemm, gemm_params),

@@ -42,7 +42,8 @@ from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
 
 # Passes over the operand each elementwise case makes: (elements read, elements written).
-ELEMENTWISE_PASSES = {"copy": (1, 1), "add": (2, 1), "add_alloc": (2, 1), "sum": (1, 0)}
+ELEMENTWISE_PASSES = {"copy": (1, 1), "add": (2, 1), "add_alloc": (2, 1), "sum": (1, 0),
+                      "cast": (1, 0.5)}  # fp32 in, bf16 (half an fp32 element) out
 
 
 # The micro suite's row kernels as the zoo's layers (rows x columns of 16-bit activations):

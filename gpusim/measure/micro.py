@@ -180,8 +180,9 @@ def time_attention(shape: dict[str, Any], precision: str, device: torch.device,
 
 def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: int,
                      cache_bytes: float, graph: bool = False) -> Timing:
-    """``copy``, ``add`` (two inputs), ``sum`` (a reduction) into preallocated outputs, and
-    ``add_alloc``: an add whose output is allocated on each call, as eager PyTorch does."""
+    """``copy``, ``add`` (two inputs), ``sum`` (a reduction) into preallocated outputs,
+    ``add_alloc``: an add whose output is allocated on each call, as eager PyTorch does, and
+    ``cast``: fp32 into a preallocated bf16 tensor (autocast's weight casts)."""
     n = size_bytes // 4
 
     def operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -193,6 +194,9 @@ def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: in
     for a, b, out in sets:
         if op == "copy":
             calls.append(lambda a=a, out=out: out.copy_(a))
+        elif op == "cast":
+            low = torch.empty(n, device=device, dtype=torch.bfloat16)
+            calls.append(lambda a=a, low=low: low.copy_(a))
         elif op == "add":
             calls.append(lambda a=a, b=b, out=out: torch.add(a, b, out=out))
         elif op == "sum":

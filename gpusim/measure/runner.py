@@ -112,7 +112,7 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                    lambda r, s=shape, p=prec: micro.time_attention(s, p, device, r))
     yield from _sdpa_cases(device, quick)
     sizes = micro.elementwise_sizes(lim.max_bytes)
-    for op in ("copy", "add", "sum", "add_alloc"):
+    for op in ("copy", "add", "sum", "add_alloc", "cast"):
         for size in sizes[::3] if quick else sizes:
             yield ({"id": f"elementwise/{op}/{size}", "kind": "elementwise", "op": op,
                     "bytes": size, "dtype": "fp32"},
