@@ -44,7 +44,7 @@ from gpusim.measure import results
 from gpusim.plan.lower import layer_kind
 from gpusim.validate.compare import layer_seconds
 from gpusim.workload.layers import batch_norm
-from gpusim.workload.ops import TENSOR_CORE_MATH
+from gpusim.workload.ops import DTYPE_BYTES, TENSOR_CORE_MATH, GemmShape
 
 Path_ = tuple[str, ...]  # a parameter's place in the calibration, e.g. ("gemm", "ramp_us")
 ROUNDS = 3
@@ -146,9 +146,14 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     # Small copies timed in a loop measure how fast the host issues them; where CUDA-graph
     # replays give their device time, those stand for the small sizes instead.
     graphed = any(c.get("graph") for c in cases if c["kind"] == "elementwise")
-    gemm = of(lambda c: c["kind"] == "gemm" and not c.get("misaligned"))
+    def narrow(c: dict[str, Any]) -> bool:
+        """A tensor-core GEMM whose rows the model finds misaligned (from its shape)."""
+        return c["precision"] in TENSOR_CORE_MATH and not GemmShape(
+            c["m"], c["n"], c["k"]).aligned(DTYPE_BYTES[c["precision"]])
+
+    gemm = of(lambda c: c["kind"] == "gemm" and not narrow(c))
     precisions = sorted({c["precision"] for c in gemm})
-    misaligned = of(lambda c: c["kind"] == "gemm" and bool(c.get("misaligned")))
+    misaligned = of(lambda c: c["kind"] == "gemm" and narrow(c))
     gemm_params: list[tuple[Path_, str]] = [
         (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
     gemm_params.append((("gemm", "ramp_us"), "us"))
@@ -167,7 +172,7 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
         ("gemm", gemm, gemm_params),
         ("misaligned", misaligned,
          [(("gemm", "misaligned_factor", str(p)), "factor")
-          for p in sorted({c["precision"] for c in misaligned} & TENSOR_CORE_MATH)]),
+          for p in sorted({c["precision"] for c in misaligned})]),
         ("conv", conv, [(("gemm", "conv_factors", m), "factor") for m in conv_math]
          + ([(("overhead", "cudnn_us"), "us")] if device.is_gpu else [])),
         ("batch norm", of(lambda c: c["kind"] == "batch_norm"),
