@@ -50,11 +50,17 @@ def _git_commit() -> str:
     return _run(["git", "-C", str(root), "rev-parse", "HEAD"]) or "unknown"
 
 
+def _without_machine_paths(args: list[str]) -> list[str]:
+    """The command as run, with each absolute path cut to its last two parts (the output
+    folder's place on the machine that measured says nothing and names that machine)."""
+    return [str(Path(*Path(a).parts[-2:])) if os.path.isabs(a) else a for a in args]
+
+
 def collect(device: torch.device) -> dict[str, Any]:
     """Provenance of a run on ``device``, taken before it starts."""
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "gpusim " + " ".join(sys.argv[1:]),
+        "command": "gpusim " + " ".join(_without_machine_paths(sys.argv[1:])),
         "git_commit": _git_commit(),
         "python": platform.python_version(),
         "torch": torch.__version__,
