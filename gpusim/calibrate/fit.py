@@ -259,14 +259,8 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
     for name, group_cases, params in _groups(cases, device):
         before = Calibration.model_validate(cal)
         _fit_group(cal, params, group_cases, device)
-        after = Calibration.model_validate(cal)
-        errs_before = _relative_errors(group_cases, device, before)
-        errs = _relative_errors(group_cases, device, after)
-        worst, worst_id = max(errs, key=lambda e: abs(e[0]))
-        fits.append(GroupFit(
-            name, len(group_cases), {".".join(p): _get(cal, p) for p, _ in params},
-            statistics.fmean(abs(e) for e, _ in errs_before),
-            statistics.fmean(abs(e) for e, _ in errs), worst_id, worst))
+        fits.append(_group_fit(name, group_cases, device, before, cal,
+                               {".".join(p): _get(cal, p) for p, _ in params}))
 
     layers = [c for c in cases if c["kind"] == "layer_host" and "median_s" in c]
     if layers:
@@ -316,11 +310,17 @@ def _fit_layer_host(cal: dict[str, Any], cases: list[dict[str, Any]],
         value = _search(*_RANGE["us"][:2], score, True)
         cal["overhead"][key][kind] = value
         params[f"overhead.{key}.{kind}"] = value
-    after = Calibration.model_validate(cal)
+    return _group_fit("layer host", cases, device, before, cal, params)
+
+
+def _group_fit(name: str, cases: list[dict[str, Any]], device: DeviceProfile,
+               before: Calibration, fitted: dict[str, Any],
+               params: dict[str, float]) -> GroupFit:
+    """How a group's cases were predicted before its fit and after (``fitted``)."""
     errs_before = _relative_errors(cases, device, before)
-    errs = _relative_errors(cases, device, after)
+    errs = _relative_errors(cases, device, Calibration.model_validate(fitted))
     worst, worst_id = max(errs, key=lambda e: abs(e[0]))
-    return GroupFit("layer host", len(cases), params,
+    return GroupFit(name, len(cases), params,
                     statistics.fmean(abs(e) for e, _ in errs_before),
                     statistics.fmean(abs(e) for e, _ in errs), worst_id, worst)
 

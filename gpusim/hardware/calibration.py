@@ -110,6 +110,15 @@ class OverheadCalibration(Frozen):
                          "op's dispatch")
 
 
+    def layer_call_us(self, kind: str, phase: str) -> float:
+        """Host microseconds of running one layer of ``kind`` in ``phase``, beyond its
+        kernels: the module call and its launch-free ops in forward (and recompute), its
+        autograd nodes in backward."""
+        if phase == "backward":
+            return self.layer_backward_us.get(kind, 0.0)
+        return self.module_us + self.layer_us.get(kind, 0.0)
+
+
 class Calibration(Frozen):
     """Efficiencies of one device or architecture."""
 
@@ -174,8 +183,16 @@ def calibration_for(device: DeviceProfile, own: bool = True) -> Calibration:
     cal = _calibration_file_for(device, own)
     if cal.host_overhead_from is None:
         return cal
-    source = next((c for c in _all(str(profiles_dir()))
-                   if c.architecture == cal.host_overhead_from), None)
+    return _with_host_overheads(str(profiles_dir()), cal.name)
+
+
+@lru_cache(maxsize=16)
+def _with_host_overheads(root: str, name: str) -> Calibration:
+    """Calibration ``name`` with the host-side overheads of the architecture it names (once
+    per file: searches and sweeps ask for a device's calibration per job)."""
+    found = _all(root)
+    cal = next(c for c in found if c.name == name)
+    source = next((c for c in found if c.architecture == cal.host_overhead_from), None)
     if source is None:
         raise InvalidProfile(f"calibration {cal.name} takes its host overheads from "
                              f"{cal.host_overhead_from!r}, which has no calibration file")

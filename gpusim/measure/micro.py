@@ -4,12 +4,12 @@ GEMM sweeps (square and skinny, per precision), convolutions of common CNNs, fus
 elementwise and reduction kernels from 4 KB up, copies on the device and across PCIe (pinned
 and pageable), the device-side cost of an empty kernel and the host's cost per dispatched op.
 Cases the device cannot run in reasonable time (a CPU with a 16k GEMM) are left out by a
-FLOP or byte cap, which the file records.
+FLOP or byte cap, which the file records. Cases at the level of PyTorch's layers (SDPA per
+backend, norms, batch norm, the optimizer, each layer's host cost) are in micro_layers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +58,13 @@ def gemm_shapes() -> list[tuple[int, int, int]]:
     return square + skinny + transformer
 
 
+def misaligned_gemm_shapes() -> list[tuple[int, int, int]]:
+    """Dimensions that are not multiples of 8 or 16: cuBLAS falls back to slower tiles or
+    pads, so these are kept apart from the aligned sweep (``misaligned`` in the file)."""
+    return [(1000, 1000, 1000), (4095, 4096, 4096), (4096, 4096, 4095), (4097, 4097, 4097),
+            (8191, 8192, 1023), (50257, 768, 4096), (4096, 50257, 768)]
+
+
 def conv_shapes(batch: int) -> list[dict[str, int]]:
     """Distinct convolutions of ResNet-50, VGG16 and the MNIST CNN at ``batch``."""
     seen: dict[tuple[int, ...], dict[str, int]] = {}
@@ -85,7 +92,7 @@ def elementwise_sizes(max_bytes: float) -> list[int]:
     return [4096 * 4**i for i in range(12) if 4096 * 4**i <= max_bytes]
 
 
-def _rotated(make: Callable[[], Any], size_bytes: float, cache_bytes: float) -> list[Any]:
+def rotated(make: Callable[[], Any], size_bytes: float, cache_bytes: float) -> list[Any]:
     """Enough input sets that cycling through them spills the last-level cache."""
     sets = min(16, max(2, math.ceil(2 * cache_bytes / max(size_bytes, 1))))
     return [make() for _ in range(sets)]
@@ -189,7 +196,7 @@ def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: in
         return (torch.randn(n, device=device), torch.randn(n, device=device),
                 torch.empty(n, device=device))
 
-    sets = _rotated(operands, 3 * size_bytes, cache_bytes)
+    sets = rotated(operands, 3 * size_bytes, cache_bytes)
     calls: list[Callable[[], Any]] = []
     for a, b, out in sets:
         if op == "copy":
@@ -293,205 +300,3 @@ def time_host_copy(size_bytes: int, direction: str, pinned: bool, device: torch.
     if direction == "h2d":
         return time_call(lambda: dev.copy_(host, non_blocking=pinned), device, repeats=repeats)
     return time_call(lambda: host.copy_(dev, non_blocking=pinned), device, repeats=repeats)
-
-
-def misaligned_gemm_shapes() -> list[tuple[int, int, int]]:
-    """Dimensions that are not multiples of 8 or 16: cuBLAS falls back to slower tiles or
-    pads, so these are kept apart from the aligned sweep (``misaligned`` in the file)."""
-    return [(1000, 1000, 1000), (4095, 4096, 4096), (4096, 4096, 4095), (4097, 4097, 4097),
-            (8191, 8192, 1023), (50257, 768, 4096), (4096, 50257, 768)]
-
-
-SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
-
-
-def sdpa_shapes(tokens: int) -> list[dict[str, Any]]:
-    """(batch, heads, kv_heads, seq, head_dim, causal) at ``tokens`` tokens per batch: the
-    sequence lengths, head sizes and grouped-query layouts of today's models."""
-    rows = [(16, 16, 512, 64, False), (16, 16, 1024, 64, True), (32, 32, 2048, 128, True),
-            (32, 8, 2048, 128, True), (32, 8, 4096, 128, True), (32, 8, 8192, 128, True),
-            (16, 16, 2048, 64, False), (32, 32, 4096, 128, False), (64, 8, 4096, 128, True)]
-    return [{"batch": max(1, tokens // s), "heads": h, "kv_heads": kv, "seq": s,
-             "head_dim": d, "causal": c} for h, kv, s, d, c in rows]
-
-
-def sdpa_backend_chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                        gqa: bool) -> str:
-    """The backend PyTorch's SDPA dispatch picks for these inputs (its own choice function)."""
-    try:
-        from torch.nn.attention import SDPBackend
-        chosen = torch._fused_sdp_choice(q, k, v, is_causal=causal, enable_gqa=gqa)
-        names = {int(b.value): b.name for b in SDPBackend.__members__.values()}
-        return {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
-                "CUDNN_ATTENTION": "cudnn", "MATH": "math"}.get(names.get(int(chosen), ""),
-                                                                 str(chosen))
-    except (AttributeError, RuntimeError, TypeError, ValueError) as exc:
-        return f"unknown ({type(exc).__name__})"
-
-
-def default_sdpa_backend(shape: dict[str, Any], precision: str, device: torch.device) -> str:
-    """The backend SDPA picks for an attention shape (``kv_heads`` < ``heads``: GQA)."""
-    b, s, d = shape["batch"], shape["seq"], shape["head_dim"]
-    kv = shape.get("kv_heads", shape["heads"])
-    dtype = TORCH_DTYPES[precision]
-    q = torch.empty(b, shape["heads"], s, d, device=device, dtype=dtype, requires_grad=True)
-    k, v = (torch.empty(b, kv, s, d, device=device, dtype=dtype, requires_grad=True)
-            for _ in range(2))
-    return sdpa_backend_chosen(q, k, v, shape["causal"], kv != shape["heads"])
-
-
-def time_sdpa(shape: dict[str, Any], backend: str | None, device: torch.device,
-              repeats: int) -> dict[str, Timing]:
-    """Forward and backward of bf16 SDPA restricted to one backend (``None``: PyTorch's own
-    choice), with grouped-query attention when ``kv_heads`` < ``heads``."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    kinds = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
-    b, s, d = shape["batch"], shape["seq"], shape["head_dim"]
-    gqa = shape["kv_heads"] != shape["heads"]
-    q = torch.randn(b, shape["heads"], s, d, device=device, dtype=torch.bfloat16,
-                    requires_grad=True)
-    k, v = (torch.randn(b, shape["kv_heads"], s, d, device=device, dtype=torch.bfloat16,
-                        requires_grad=True) for _ in range(2))
-
-    def forward() -> Any:
-        ctx = sdpa_kernel([kinds[backend]]) if backend else contextlib.nullcontext()
-        with ctx:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=shape["causal"],
-                                                  enable_gqa=gqa)
-
-    return time_forward_backward(forward, [q, k, v], device, repeats)
-
-
-NORM_OPS = ("layer_norm", "rms_norm", "softmax", "gelu", "silu_mul", "cross_entropy")
-
-
-def kernel_sizes(max_bytes: float) -> list[tuple[int, int]]:
-    """(rows, columns) from a few KB to about 1 GB of bf16 input: columns as hidden sizes and
-    vocabularies use them, rows as token counts."""
-    out = []
-    for cols in (1024, 4096, 8192):
-        for rows in (16, 256, 4096, 16384, 65536):
-            if rows * cols * 2 <= max_bytes:
-                out.append((rows, cols))
-    return out
-
-
-def cross_entropy_sizes(max_bytes: float) -> list[tuple[int, int]]:
-    """(tokens, vocabulary) as language models meet them."""
-    return [(t, v) for v in (32000, 50257, 128256) for t in (512, 2048, 8192)
-            if t * v * 4 <= max_bytes]
-
-
-def time_row_kernel(op: str, rows: int, cols: int, device: torch.device,
-                    repeats: int, cache_bytes: float) -> dict[str, Timing]:
-    """A bf16 row-wise kernel, forward and backward, as eager PyTorch runs it: layer and RMS
-    norm with a weight, softmax, tanh-GELU, SwiGLU's silu(a) * b, and cross-entropy (bf16
-    logits cast to fp32, then log-softmax and NLL, as autocast does)."""
-    dtype = torch.bfloat16
-    width = 2 * cols if op == "silu_mul" else cols
-    weight = torch.randn(cols, device=device, dtype=dtype, requires_grad=True)
-    target = torch.randint(0, cols, (rows,), device=device)
-
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        if op == "layer_norm":
-            return F.layer_norm(x, (cols,), weight)
-        if op == "rms_norm":
-            return F.rms_norm(x, (cols,), weight)
-        if op == "softmax":
-            return torch.softmax(x, dim=-1)
-        if op == "gelu":
-            return F.gelu(x, approximate="tanh")
-        if op == "silu_mul":
-            a, b = x.chunk(2, dim=-1)
-            return F.silu(a) * b
-        return F.cross_entropy(x.float(), target)
-
-    sets = _rotated(lambda: torch.randn(rows, width, device=device, dtype=dtype,
-                                        requires_grad=True), 3 * rows * width * 2, cache_bytes)
-    turn = {"i": 0}
-
-    def forward() -> Any:
-        turn["i"] = (turn["i"] + 1) % len(sets)
-        return fn(sets[turn["i"]])
-
-    return time_forward_backward(forward, [weight, *sets], device, repeats)
-
-
-ADAM_IMPLS = ("fused", "foreach", "for-loop")
-
-
-def time_adam(params: int, impl: str, device: torch.device, repeats: int, tensors: int = 32,
-              optimizer: str = "adamw") -> Timing:
-    """One Adam or AdamW step over ``params`` fp32 parameters in ``tensors`` tensors (weight,
-    gradient and two moments: 16 bytes read and 12 written per parameter), by
-    implementation (``default``: PyTorch's own choice, as a training script gets it)."""
-    per = max(1, params // tensors)
-    weights = [torch.randn(per, device=device, requires_grad=True) for _ in range(tensors)]
-    for w in weights:
-        w.grad = torch.randn_like(w)
-    kwargs: dict[str, Any] = ({} if impl == "default" else
-                              {"fused": impl == "fused", "foreach": impl == "foreach"})
-    cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
-    opt = cls(weights, lr=1e-4, **kwargs)
-    return time_call(opt.step, device, repeats=repeats)
-
-
-def batch_norm_shapes(batch: int) -> list[tuple[int, int, int]]:
-    """(batch, channels, height = width) of ResNet-50's batch norms."""
-    return [(batch, c, hw) for c, hw in ((64, 112), (64, 56), (256, 56), (128, 28),
-                                         (512, 28), (256, 14), (1024, 14), (512, 7),
-                                         (2048, 7))]
-
-
-def time_batch_norm(batch: int, channels: int, hw: int, precision: str, device: torch.device,
-                    repeats: int) -> dict[str, Timing]:
-    """Training-mode BatchNorm2d on an NCHW activation, forward and backward; in bf16 or fp16
-    the input is 16-bit and the weights fp32, as under autocast (which leaves batch norm to
-    run on its input's type)."""
-    norm = torch.nn.BatchNorm2d(channels).to(device)
-    dtype = torch.float32 if precision == "fp32" else TORCH_DTYPES[precision]
-    x = torch.randn(batch, channels, hw, hw, device=device, dtype=dtype, requires_grad=True)
-    return time_forward_backward(lambda: norm(x), [norm.weight, norm.bias, x], device,
-                                 repeats)
-
-
-# Tiny models whose every layer kind the zoo uses appears at a size too small to keep the
-# device busy: each layer's forward and backward, timed alone, is then the host's cost of
-# calling it (Python, autograd and autocast, and dispatching its kernels).
-LAYER_HOST_MODELS: list[dict[str, Any]] = [
-    {"zoo": "mnist-mlp"},
-    {"zoo": "resnet50", "image_size": 64},
-    {"name": "gpt-tiny", "seq_len": 16, "transformer": {
-        "layers": 2, "hidden": 64, "heads": 2, "vocab": 512, "dropout": True}},
-    {"name": "bert-tiny", "seq_len": 16, "transformer": {
-        "layers": 2, "hidden": 64, "heads": 2, "vocab": 512, "kind": "encoder",
-        "type_vocab": 2, "dropout": True, "fused_attention": False}},
-    {"name": "llama-tiny", "seq_len": 16, "transformer": {
-        "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128,
-        "vocab": 512, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
-        "tied_embeddings": False, "bias": False}},
-]
-
-
-LAYER_HOST_BATCH = 2  # batch norm needs two values per channel to train
-
-
-def time_layer_host(spec: dict[str, Any], precision: str, device: torch.device,
-                    repeats: int) -> dict[str, Timing]:
-    """Every layer of a tiny model at a batch of two, forward and backward alone, as the
-    models suite times layers: {"<layer>/<forward|backward>": timing}."""
-    from gpusim.measure import models  # the models suite's own per-layer timing
-    from gpusim.measure.torch_model import Network
-    from gpusim.workload.formats import model_from_spec
-
-    case = models.ModelCase(spec, LAYER_HOST_BATCH, precision)
-    models.set_precision_flags(precision, device)
-    torch.manual_seed(0)
-    net = Network(model_from_spec(spec), LAYER_HOST_BATCH, device, inplace=False)
-    out = {}
-    for row in models.measure_layers(net, case, device, repeats):
-        for phase in ("forward", "backward"):
-            if phase in row:
-                out[f"{row['layer']}/{phase}"] = Timing(**row[phase])
-    return out

@@ -17,7 +17,7 @@ import torch
 from gpusim.errors import InvalidConfig, UnknownName
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import CPUProfile, DeviceProfile
-from gpusim.measure import micro, models, provenance, results
+from gpusim.measure import micro, micro_layers, models, provenance, results
 from gpusim.measure.timing import REPEATS, Timing
 
 CPU_CACHE_BYTES = 64 * 2**20  # rotate past a large L3
@@ -108,7 +108,7 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
             key = "x".join(str(shape[k]) for k in ("batch", "heads", "seq", "head_dim"))
             key += "-causal" if shape["causal"] else ""
             yield ({"id": f"attention/{prec}/{key}", "kind": "attention", "precision": prec,
-                    "backend": micro.default_sdpa_backend(shape, prec, device), **shape},
+                    "backend": micro_layers.default_sdpa_backend(shape, prec, device), **shape},
                    lambda r, s=shape, p=prec: micro.time_attention(s, p, device, r))
     yield from _sdpa_cases(device, quick)
     sizes = micro.elementwise_sizes(lim.max_bytes)
@@ -137,12 +137,12 @@ def _layer_host_cases(device: torch.device, quick: bool) -> Iterator[
         tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
     """Each layer of tiny models, forward and backward alone: the host's cost per layer."""
     precisions = ("fp32", "bf16") if device.type == "cuda" else ("fp32",)
-    for spec in micro.LAYER_HOST_MODELS[:1] if quick else micro.LAYER_HOST_MODELS:
+    for spec in micro_layers.LAYER_HOST_MODELS[:1] if quick else micro_layers.LAYER_HOST_MODELS:
         name = spec.get("zoo") or spec["name"]
         for prec in precisions:
             yield ({"id": f"layer-host/{name}/{prec}", "kind": "layer_host", "model": spec,
-                    "batch_size": micro.LAYER_HOST_BATCH, "precision": prec},
-                   lambda r, s=spec, p=prec: micro.time_layer_host(s, p, device, r))
+                    "batch_size": micro_layers.LAYER_HOST_BATCH, "precision": prec},
+                   lambda r, s=spec, p=prec: micro_layers.time_layer_host(s, p, device, r))
 
 
 def _graph_cases(device: torch.device, quick: bool, cache: float) -> Iterator[
@@ -168,8 +168,8 @@ def _sdpa_cases(device: torch.device, quick: bool) -> Iterator[
         tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
     """SDPA restricted to each backend in turn, and left to choose (``auto``)."""
     cuda = device.type == "cuda"
-    shapes = micro.sdpa_shapes(16384 if cuda else 256)[: 2 if quick or not cuda else None]
-    backends = (*micro.SDPA_BACKENDS, None) if cuda else ("flash", "math", None)
+    shapes = micro_layers.sdpa_shapes(16384 if cuda else 256)[: 2 if quick or not cuda else None]
+    backends = (*micro_layers.SDPA_BACKENDS, None) if cuda else ("flash", "math", None)
     for shape in shapes:
         for backend in backends:
             key = "x".join(str(shape[k]) for k in ("batch", "heads", "kv_heads", "seq",
@@ -179,21 +179,21 @@ def _sdpa_cases(device: torch.device, quick: bool) -> Iterator[
             yield ({"id": f"sdpa/{name}/{key}", "kind": "sdpa", "precision": "bf16",
                     "backend": name, **shape,
                     **({} if backend else
-                       {"chosen": micro.default_sdpa_backend(shape, "bf16", device)})},
-                   lambda r, s=shape, b=backend: micro.time_sdpa(s, b, device, r))
+                       {"chosen": micro_layers.default_sdpa_backend(shape, "bf16", device)})},
+                   lambda r, s=shape, b=backend: micro_layers.time_sdpa(s, b, device, r))
 
 
 def _row_kernel_cases(device: torch.device, quick: bool, max_bytes: float,
                       cache: float) -> Iterator[
         tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
     """Norms, softmax, activations and cross-entropy, forward and backward, in bf16."""
-    for op in micro.NORM_OPS:
-        sizes = (micro.cross_entropy_sizes(max_bytes) if op == "cross_entropy"
-                 else micro.kernel_sizes(max_bytes))
+    for op in micro_layers.NORM_OPS:
+        sizes = (micro_layers.cross_entropy_sizes(max_bytes) if op == "cross_entropy"
+                 else micro_layers.kernel_sizes(max_bytes))
         for rows, cols in sizes[::4] if quick else sizes:
             yield ({"id": f"kernel/{op}/{rows}x{cols}", "kind": "row_kernel", "op": op,
                     "rows": rows, "cols": cols, "precision": "bf16"},
-                   lambda r, o=op, m=rows, n=cols: micro.time_row_kernel(o, m, n, device, r,
+                   lambda r, o=op, m=rows, n=cols: micro_layers.time_row_kernel(o, m, n, device, r,
                                                                          cache))
 
 
@@ -202,25 +202,26 @@ def _adamw_cases(device: torch.device, quick: bool) -> Iterator[
     """One AdamW step by implementation, from a million to a quarter billion parameters,
     and PyTorch's default Adam over few and many small tensors (its fixed host cost)."""
     sizes = [2**20, 2**24, 2**28] if device.type == "cuda" else [2**16, 2**20, 2**22]
-    for impl in micro.ADAM_IMPLS:
+    for impl in micro_layers.ADAM_IMPLS:
         for params in sizes[:1] if quick else sizes:
             yield ({"id": f"adamw/{impl}/{params}", "kind": "optimizer", "impl": impl,
                     "params": params, "tensors": 32, "optimizer": "adamw"},
-                   lambda r, i=impl, n=params: micro.time_adam(n, i, device, r))
+                   lambda r, i=impl, n=params: micro_layers.time_adam(n, i, device, r))
     for tensors in (2, 8, 32, 128, 512)[: 2 if quick else None]:
         yield ({"id": f"adam/default/{tensors}x1024", "kind": "optimizer", "impl": "default",
                 "params": 1024 * tensors, "tensors": tensors, "optimizer": "adam"},
-               lambda r, t=tensors: micro.time_adam(1024 * t, "default", device, r, t, "adam"))
+               lambda r, t=tensors: micro_layers.time_adam(1024 * t, "default", device, r, t,
+                                                           "adam"))
 
 
 def _batch_norm_cases(device: torch.device, quick: bool, batch: int) -> Iterator[
         tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
     """ResNet-50's batch norms in fp32 and with 16-bit inputs (as autocast runs them)."""
     for prec in ("fp32", "bf16"):
-        for n, c, hw in micro.batch_norm_shapes(batch)[: 2 if quick else None]:
+        for n, c, hw in micro_layers.batch_norm_shapes(batch)[: 2 if quick else None]:
             yield ({"id": f"batch_norm/{prec}/{n}x{c}x{hw}x{hw}", "kind": "batch_norm",
                     "precision": prec, "batch": n, "channels": c, "height": hw},
-                   lambda r, n=n, c=c, hw=hw, p=prec: micro.time_batch_norm(n, c, hw, p,
+                   lambda r, n=n, c=c, hw=hw, p=prec: micro_layers.time_batch_norm(n, c, hw, p,
                                                                             device, r))
 
 

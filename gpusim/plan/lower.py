@@ -10,6 +10,7 @@ once per forward (unless the model keeps its weights in that type, with fp32 mas
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpusim import units
@@ -24,7 +25,7 @@ from gpusim.cost.kernels import (
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
-from gpusim.plan.autocast import LayerPrecision, input_elements, layer_precisions
+from gpusim.plan.autocast import LayerPrecision, autocasts, input_elements, layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
@@ -115,8 +116,7 @@ def _first_trainable(job: TrainingJob) -> int:
 def _autocast(layer: Layer, job: TrainingJob) -> bool:
     """Autocast runs matrix products and convolutions in the low precision, casting their
     fp32 weights once per forward; norms and embeddings keep fp32 weights."""
-    return (job.mixed_precision and not job.master_weights and layer.params > 0
-            and isinstance(layer, (Linear, Conv2d)))
+    return autocasts(job) and layer.params > 0 and isinstance(layer, (Linear, Conv2d))
 
 
 def _input_cast(layer: Layer, job: TrainingJob, num: Numerics, backward: bool) -> list[Op]:
@@ -195,13 +195,19 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
     return ops
 
 
+def parameter_tensors(layers: Iterable[Layer], is_trainable: Callable[[str], bool]
+                      ) -> list[int]:
+    """Element counts of the parameter tensors the optimizer steps, layer by layer."""
+    return [size for lay in layers if lay.params and is_trainable(lay.name)
+            for size in lay.tensor_sizes()]
+
+
 def optimizer_ops(job: TrainingJob) -> list[Op]:
     """The optimizer step over the trainable tensors, pass by pass: on a GPU each pass is a
     few foreach kernels over lists of tensors; on a CPU, one op per tensor (PyTorch's
     single-tensor loop, its default for CPU tensors). With master weights, Megatron-LM's
     optimizer and its fused kernels."""
-    sizes = [size for lay in job.model.layers if lay.params and job.is_trainable(lay.name)
-             for size in lay.tensor_sizes()]
+    sizes = parameter_tensors(job.model.layers, job.is_trainable)
     if not sizes:
         return []
     if job.master_weights and job.mixed_precision:
@@ -261,19 +267,14 @@ def _python_overheads(kernels: list[Kernel], cal: Calibration,
     """Host time outside any op: calling each layer's module in forward (and its ops that
     launch nothing), its autograd nodes in backward, and entering the autograd engine once
     per backward pass (each charged to the layer's or pass's first kernel)."""
-    o = cal.overhead
     seen: set[tuple[str, str]] = set()
     out = []
     backward_started = False
     for k in kernels:
         extra = 0.0
-        kind = kinds.get(k.layer, "")
-        if k.phase in ("forward", "recompute") and (k.phase, k.layer) not in seen:
+        if k.phase in ("forward", "recompute", "backward") and (k.phase, k.layer) not in seen:
             seen.add((k.phase, k.layer))
-            extra += o.module_us + o.layer_us.get(kind, 0.0)
-        if k.phase == "backward" and (k.phase, k.layer) not in seen:
-            seen.add((k.phase, k.layer))
-            extra += o.layer_backward_us.get(kind, 0.0)
+            extra += cal.overhead.layer_call_us(kinds.get(k.layer, ""), k.phase)
         if k.phase == "backward" and not backward_started:
             backward_started = True
             extra += cal.overhead.backward_call_us
@@ -297,8 +298,7 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
         # torch.optim's step() in Python: a fixed cost, and per parameter tensor the list
         # building and grouping its foreach kernels take, spread over its kernels (the
         # Python runs between the launches, so the device works meanwhile).
-        tensors = sum(len(lay.tensor_sizes()) for lay in job.model.layers
-                      if lay.params and job.is_trainable(lay.name))
+        tensors = len(parameter_tensors(job.model.layers, job.is_trainable))
         each = optimizer_host_s(tensors, cal) / len(opt)
         opt = tuple(replace(k, host_s=k.host_s + each) for k in opt)
     n = job.microbatch_size

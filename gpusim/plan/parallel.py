@@ -23,7 +23,7 @@ from gpusim.comm.topology import CommGroup
 from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops
+from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops, parameter_tensors
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.parallel_job import ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
@@ -160,16 +160,11 @@ def _host_seconds(ops: list[Op], passes: dict[tuple[str, str], None],
                   layers: dict[str, Layer], cal: Calibration, host_per_op: float) -> float:
     """What the host spends on a pass, as the single-device lowering charges it: each op's
     dispatch, each layer's Python and autograd nodes, and a backward() call per backward."""
-    o = cal.overhead
     host = host_per_op * len(ops) + sum(op_host_extra(op, cal) for op in ops)
-    for phase, name in passes:
-        kind = layer_kind(layers[name])
-        if phase == "backward":
-            host += units.us(o.layer_backward_us.get(kind, 0.0))
-        else:
-            host += units.us(o.module_us + o.layer_us.get(kind, 0.0))
+    host += sum(units.us(cal.overhead.layer_call_us(layer_kind(layers[name]), phase))
+                for phase, name in passes)
     if any(op.phase == "backward" for op in ops):
-        host += units.us(o.backward_call_us)
+        host += units.us(cal.overhead.backward_call_us)
     return host
 
 
@@ -251,8 +246,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
         optimizer_s = sum(kernel_cost(op, job.topology.gpu, cal).seconds
                           for op in opt_ops) * shard
         if opt_ops and not job.master_weights:  # torch.optim's step() on the host
-            tensors = sum(len(la.tensor_sizes()) for la in stage_model.layers
-                          if la.params and job.whole.is_trainable(la.name))
+            tensors = len(parameter_tensors(stage_model.layers, job.whole.is_trainable))
             optimizer_s = max(optimizer_s, optimizer_host_s(tensors, cal)
                               + host_per_op * len(opt_ops))
         stages.append(StagePlan(s, chunks, optimizer_s, params))
