@@ -15,9 +15,10 @@ from gpusim.errors import (
     UnknownHardware,
     UnknownModel,
 )
-from gpusim.estimate import estimate, simulate_step
+from gpusim.estimate import build_job, estimate, simulate_step
 from gpusim.hardware.catalog import load_cpu, load_device, load_gpu, load_link, load_system
 from gpusim.plan.job import TrainingJob
+from gpusim.plan.memory_report import MemoryReport, memory_report
 from gpusim.report import StepResult, TrainingEstimate
 from gpusim.workload import zoo
 
@@ -26,18 +27,21 @@ __all__ = [
     "InvalidConfig",
     "InvalidModel",
     "InvalidProfile",
+    "MemoryReport",
     "OutOfMemory",
     "StepResult",
     "TrainingEstimate",
     "TrainingJob",
     "UnknownHardware",
     "UnknownModel",
+    "build_job",
     "estimate",
     "load_cpu",
     "load_device",
     "load_gpu",
     "load_link",
     "load_system",
+    "memory_report",
     "simulate_step",
     "zoo",
 ]

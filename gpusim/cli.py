@@ -14,8 +14,8 @@ from typing import Any
 
 from gpusim import cli_compare, cli_explore, cli_scaling, cli_search, cli_validation, units
 from gpusim.comm.topology import system_for_gpu
-from gpusim.errors import GpusimError, InvalidConfig
-from gpusim.estimate import estimate, resolve_model
+from gpusim.errors import GpusimError, InvalidConfig, OutOfMemory
+from gpusim.estimate import build_job, estimate, resolve_model
 from gpusim.hardware.catalog import (
     catalog,
     load_device,
@@ -31,14 +31,15 @@ from gpusim.hardware.profile import (
     SystemProfile,
 )
 from gpusim.plan.job import (
-    CHECKPOINTING,
     DEFAULT_LOADER_WORKERS,
     OPTIMIZERS,
     TRAINING_PRECISIONS,
     TrainingJob,
 )
 from gpusim.plan.lower import lower
+from gpusim.plan.memory_report import memory_report
 from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
+from gpusim.plan.recompute import HELP as RECOMPUTE_HELP
 from gpusim.report import TrainingEstimate
 from gpusim.sim.ranks import Straggler
 from gpusim.workload import zoo
@@ -49,15 +50,9 @@ from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 _DIMENSIONS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gpusim",
-        description="Predict deep-learning training time and cost on GPUs and CPUs.",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-
-    e = sub.add_parser("estimate", help="predict step time, time to train, cost and memory",
-                       description="Predict one training run on one GPU or CPU.")
+def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The flags that describe a training job (model, device, batch, techniques, split),
+    shared by estimate and memory; returns the "many GPUs" group for more."""
     e.add_argument("--model", required=True,
                    help="zoo name (gpusim models list), a model YAML file, or 'transformer' "
                         "with --layers/--hidden/--heads")
@@ -67,15 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, required=True,
                    help="samples per optimizer step (the global batch over all GPUs)")
     e.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
-    cli_explore.add_run_length_flags(e)
     e.add_argument("--seq-len", type=int, help="sequence length (language models)")
     tech = e.add_argument_group("training techniques")
     tech.add_argument("--grad-accum", type=int, default=1,
                       help="microbatches per optimizer step (default 1)")
     tech.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    tech.add_argument("--checkpointing", "--recompute", default="none", choices=CHECKPOINTING,
-                      help="activation checkpointing (--recompute is the same flag): full re-runs "
-                           "each block's forward, selective only the attention cores")
+    tech.add_argument("--recompute", "--checkpointing", dest="checkpointing", default="none",
+                      metavar="MODE", help=RECOMPUTE_HELP)
+    tech.add_argument("--max-batch", action="store_true",
+                      help="run the largest microbatch that fits and divides the batch "
+                           "(accumulating the rest), as people find it by trial")
+    tech.add_argument("--pure-bf16", action="store_true",
+                      help="hold the model in bf16: weights, gradients and optimizer states, "
+                           "no fp32 copies (torchtune, LitGPT bf16-true); needs --precision "
+                           "bf16")
     tech.add_argument("--freeze", default="",
                       help="comma-separated layer-name prefixes to freeze (e.g. embed,h.0)")
     tech.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
@@ -103,6 +103,23 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument("--no-overlap-grad-reduce", action="store_true",
                       help="reduce data-parallel gradients after the backward pass, not "
                            "during it")
+    dims = e.add_argument_group("transformer dimensions (with --model transformer)")
+    for name in _DIMENSIONS:
+        dims.add_argument(f"--{name.replace('_', '-')}", type=int)
+    return many
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpusim",
+        description="Predict deep-learning training time and cost on GPUs and CPUs.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("estimate", help="predict step time, time to train, cost and memory",
+                       description="Predict one training run on one GPU or CPU.")
+    many = _add_job_flags(e)
+    cli_explore.add_run_length_flags(e)
     many.add_argument("--per-rank", action="store_true",
                       help="simulate every data-parallel replica, not one per stage")
     many.add_argument("--straggler", metavar="RANK:FACTOR",
@@ -114,9 +131,6 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument("--comm-slowdown", type=float, default=0.0, metavar="FRACTION",
                       help="kernels run this fraction slower while a data-parallel collective "
                            "runs beside them, e.g. 0.1 (default 0: no interference)")
-    dims = e.add_argument_group("transformer dimensions (with --model transformer)")
-    for name in _DIMENSIONS:
-        dims.add_argument(f"--{name.replace('_', '-')}", type=int)
     out = e.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
@@ -126,6 +140,15 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--roofline", metavar="FILE",
                      help="write a PNG of the device's roofline with the step's kernels on it "
                           "(single-device jobs)")
+
+    mem = sub.add_parser("memory", help="per-GPU peak memory by part, and the largest "
+                                        "microbatch that fits",
+                         description="Does it fit? The per-GPU peak (allocated and reserved) "
+                                     "and its parts, activations by layer kind, where the "
+                                     "peak falls, and the largest microbatch that fits. "
+                                     "Nothing is simulated.")
+    _add_job_flags(mem)
+    mem.add_argument("--json", action="store_true", help="print one JSON object")
 
     prof = sub.add_parser("profiles", help="list, show or check hardware profiles")
     psub = prof.add_subparsers(dest="action", required=True)
@@ -179,9 +202,8 @@ def _straggler(args: argparse.Namespace) -> Straggler | None:
     return gpu.merge(link) if gpu else link
 
 
-def _estimate(args: argparse.Namespace) -> int:
-    if args.dataset_size is not None and args.epochs is None:
-        raise InvalidConfig("--dataset-size needs --epochs")
+def _job_options(args: argparse.Namespace) -> dict[str, Any]:
+    """build_job's and estimate's arguments from the job flags (see _add_job_flags)."""
     model = _model_from_args(args)
     frozen = tuple(p for p in args.freeze.split(",") if p)
     if args.gpu is None and args.system is None:
@@ -195,17 +217,28 @@ def _estimate(args: argparse.Namespace) -> int:
         per_node = (load_system(args.system).gpus_per_node if args.system
                     else system_for_gpu(load_gpu(args.gpu))[0].gpus_per_node)
         num_gpus = args.nodes * per_node
+    return {
+        "model": model, "gpu": args.gpu, "batch_size": args.batch_size,
+        "precision": args.precision, "seq_len": args.seq_len, "grad_accum": args.grad_accum,
+        "optimizer": args.optimizer, "checkpointing": args.checkpointing, "frozen": frozen,
+        "loader_workers": args.loader_workers, "num_gpus": num_gpus, "system": args.system,
+        "tp": args.tp, "pp": args.pp, "dp": args.dp, "microbatch_size": args.microbatch_size,
+        "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
+        "sequence_parallel": args.sequence_parallel,
+        "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
+        "pure_bf16": args.pure_bf16,
+    }
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    if args.dataset_size is not None and args.epochs is None:
+        raise InvalidConfig("--dataset-size needs --epochs")
+    options = _job_options(args)
+    model, frozen = options["model"], options["frozen"]
     result = estimate(
-        model, args.gpu, args.batch_size, precision=args.precision, epochs=args.epochs,
-        dataset_size=args.dataset_size, tokens=args.tokens, steps=args.steps,
-        seq_len=args.seq_len, grad_accum=args.grad_accum, optimizer=args.optimizer,
-        checkpointing=args.checkpointing, frozen=frozen, loader_workers=args.loader_workers,
-        num_gpus=num_gpus, system=args.system, tp=args.tp, pp=args.pp, dp=args.dp,
-        microbatch_size=args.microbatch_size, schedule=args.schedule,
-        virtual_stages=args.virtual_stages, zero=args.zero,
-        sequence_parallel=args.sequence_parallel,
-        overlap_grad_reduce=not args.no_overlap_grad_reduce,
-        per_rank=args.per_rank, straggler=_straggler(args), comm_slowdown=args.comm_slowdown,
+        **options, epochs=args.epochs, dataset_size=args.dataset_size, tokens=args.tokens,
+        steps=args.steps, per_rank=args.per_rank, straggler=_straggler(args),
+        comm_slowdown=args.comm_slowdown,
     )
     if args.roofline and result.step.parallel is not None:
         raise InvalidConfig("--roofline draws the kernels of a single-device job; leave out "
@@ -222,6 +255,13 @@ def _estimate(args: argparse.Namespace) -> int:
                             ("memory plot", args.memory_plot), ("roofline", args.roofline)):
             if path:
                 print(f"\n{label} written to {path}")
+    return 0
+
+
+def _memory(args: argparse.Namespace) -> int:
+    job, _ = build_job(**_job_options(args))
+    report = memory_report(job)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
     return 0
 
 
@@ -357,11 +397,15 @@ def _models(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"estimate": _estimate, "profiles": _profiles, "models": _models,
+    handlers = {"estimate": _estimate, "memory": _memory, "profiles": _profiles,
+                "models": _models,
                 **cli_validation.HANDLERS, **cli_explore.HANDLERS, **cli_search.HANDLERS,
                 **cli_compare.HANDLERS, **cli_scaling.HANDLERS}
     try:
         return handlers[args.command](args)
+    except OutOfMemory as exc:
+        print(f"gpusim: error: {exc.message(cli=True)}", file=sys.stderr)
+        return 2
     except GpusimError as exc:
         print(f"gpusim: error: {exc}", file=sys.stderr)
         return 2

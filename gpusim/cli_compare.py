@@ -16,7 +16,7 @@ from gpusim.errors import InvalidConfig
 from gpusim.explore.compare import SORT_KEYS, Comparison, budget, compare
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile
-from gpusim.plan.job import CHECKPOINTING, OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
 from gpusim.pricing import ELECTRICITY_USD_PER_KWH, LIFETIME_YEARS, PUE, Pricing
 
 
@@ -43,7 +43,7 @@ def add_parsers(sub: Any) -> None:
     add_run_length_flags(c)
     c.add_argument("--seq-len", type=int, help="sequence length (language models)")
     c.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    c.add_argument("--checkpointing", "--recompute", choices=CHECKPOINTING,
+    c.add_argument("--recompute", "--checkpointing", dest="checkpointing", metavar="MODE",
                    help="fix the recompute mode (default: the fastest that fits, one device)")
     c.add_argument("--loader-workers", type=int,
                    help="data-loader workers per device (default 8; 0: synthetic data)")

@@ -9,12 +9,12 @@ from typing import Any
 from gpusim.errors import InvalidConfig
 from gpusim.explore.scaling import ScalingRow, scaling
 from gpusim.plan.job import (
-    CHECKPOINTING,
     DEFAULT_LOADER_WORKERS,
     OPTIMIZERS,
     TRAINING_PRECISIONS,
 )
 from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
+from gpusim.plan.recompute import HELP as RECOMPUTE_HELP
 
 
 def add_parsers(sub: Any) -> None:
@@ -43,7 +43,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--seq-len", type=int, help="sequence length (language models)")
     s.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    s.add_argument("--checkpointing", "--recompute", default="none", choices=CHECKPOINTING)
+    s.add_argument("--recompute", "--checkpointing", dest="checkpointing", default="none",
+                   metavar="MODE", help=RECOMPUTE_HELP)
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     s.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
     s.add_argument("--microbatch-size", type=int,

@@ -67,6 +67,7 @@ def run_search(args: argparse.Namespace) -> int:
         print(json.dumps({"model": model.name, "system": topology.system.name,
                           "num_gpus": topology.num_gpus, "considered": result.considered,
                           "fit": len(result.ranked), "rejected": len(result.rejected),
+                          "dominated": result.dominated,
                           "elapsed_s": result.elapsed_s, "price_usd_per_gpu_hour": price,
                           "ranked": rows,
                           "rejected_examples": [{"config": c, "why": w}
@@ -76,7 +77,8 @@ def run_search(args: argparse.Namespace) -> int:
     print(f"{model.name}, global batch {args.batch_size}, {args.precision}: {where}"
           + (" (assumed node design)" if assumed else ""))
     print(f"{result.considered} configurations, {len(result.ranked)} fit, "
-          f"{len(result.rejected)} set aside, in {result.elapsed_s:.1f} s\n")
+          f"{len(result.rejected)} set aside, {result.dominated} skipped (a lighter "
+          f"recompute of the same split fits), in {result.elapsed_s:.1f} s\n")
     print(f"{'#':>3} {'TP':>3} {'PP':>3} {'DP':>5} {'mb':>3} {'schedule':>14} {'ZeRO':>4} "
           f"{'SP':>3} {'recompute':>9} {'step':>10} {'MFU':>6} {'mem/GPU':>10} {'$/step':>8}")
     for i, r in enumerate(rows, 1):

@@ -7,9 +7,16 @@ record it per point and go on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class GpusimError(Exception):
     """Base of every domain error; the message is written for a person."""
+
+    @property
+    def summary(self) -> str:
+        """The message without advice that takes work to find (see OutOfMemory)."""
+        return str(self)
 
 
 class UnknownName(GpusimError, KeyError):
@@ -44,14 +51,39 @@ class UnsupportedPrecision(InvalidConfig):
 
 
 class OutOfMemory(GpusimError):
-    """The job does not fit in device memory; the message carries the breakdown and advice."""
+    """The job does not fit in device memory; the message carries the breakdown and, once
+    read, what to try (``advice``: each remedy is planned again, so it is worked out only
+    when someone reads it, not when a search skips the job)."""
 
     def __init__(self, message: str, *, required_bytes: float, available_bytes: float,
-                 peak_bytes: float) -> None:
+                 peak_bytes: float, advise: Callable[[bool], str] | None = None) -> None:
         super().__init__(message)
         self.required_bytes = required_bytes  # peak plus what the framework reserves
         self.available_bytes = available_bytes
         self.peak_bytes = peak_bytes  # allocated peak, as a job that fits reports it
+        self._advise = advise
+        self._advice: dict[bool, str] = {}
+
+    @property
+    def summary(self) -> str:
+        """The breakdown without the advice."""
+        return str(self.args[0]) if self.args else ""
+
+    def advice(self, cli: bool = False) -> str:
+        """What to try, naming command-line flags (``cli``) or ``gpusim.estimate``'s
+        arguments."""
+        if self._advise is None:
+            return ""
+        if cli not in self._advice:
+            self._advice[cli] = self._advise(cli)
+        return self._advice[cli]
+
+    def message(self, cli: bool = False) -> str:
+        advice = self.advice(cli)
+        return f"{self.summary}; {advice}" if advice else self.summary
+
+    def __str__(self) -> str:
+        return self.message(cli=False)
 
 
 class InvalidMeasurement(GpusimError):

@@ -7,12 +7,14 @@ of the run (steps, time, cost, energy), with the assumptions it made.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from gpusim import units
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.cost.energy import average_power_w
-from gpusim.errors import InvalidConfig, OutOfMemory
+from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device, load_system
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
@@ -25,9 +27,10 @@ from gpusim.plan.job import (
     TrainingPrecision,
 )
 from gpusim.plan.lower import lower
-from gpusim.plan.memory import MemoryPlan, check_fits, memory_plan
+from gpusim.plan.memory import memory_plan
 from gpusim.plan.parallel import plan_parallel, stage_memory
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.plan.remedies import check_fits, check_fits_parallel, required_bytes
 from gpusim.report import StepResult, TrainingEstimate
 from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline
@@ -102,38 +105,12 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
         model_flops_per_step=plan.model_flops_per_step,
         peak_flops=mfu_peak(job.device, job.model, job.numerics()),
         peak_memory_bytes=mem.peak_bytes,
+        peak_reserved_bytes=mem.reserved_bytes,
         memory_breakdown_bytes=mem.breakdown(),
         kernels_per_step=sim.kernels_per_step,
         busy_fraction=sim.busy_s / sim.step_time_s if sim.step_time_s else 0.0,
         active_fraction=plan.active_s_per_step / sim.step_time_s if sim.step_time_s else 0.0,
         trace=sim.trace,
-    )
-
-
-def check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
-    stage = max(range(len(mems)), key=lambda i: mems[i].required_bytes)
-    mem = mems[stage]
-    if mem.fits:
-        return
-    p = job.parallel
-    parts = ", ".join(f"{k.replace('_', ' ')} {units.human_bytes(v)}"
-                      for k, v in mem.breakdown().items() if v)
-    advice = []
-    if p.microbatch_size > 1:
-        advice.append("a smaller --microbatch-size")
-    if job.checkpointing != "full":
-        advice.append("--recompute full" if job.checkpointing == "selective"
-                      else "--recompute selective or full")
-    if p.zero < 3 and (p.zero < 1 or p.pipeline == 1):
-        advice.append(f"--zero {p.zero + 1}")
-    advice.append("more tensor or pipeline parallelism")
-    where = f"pipeline stage {stage}" if p.pipeline > 1 else "each GPU"
-    raise OutOfMemory(
-        f"{job.model.name} under {p.describe()} needs {units.human_bytes(mem.required_bytes)} "
-        f"on {where} but {job.topology.gpu.name} has {units.human_bytes(mem.usable_bytes)} "
-        f"usable ({parts}); try {', '.join(advice)}",
-        required_bytes=mem.required_bytes, available_bytes=mem.usable_bytes,
-        peak_bytes=mem.peak_bytes,
     )
 
 
@@ -159,6 +136,7 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
         model_flops_per_step=job.batch_size * job.model_flops_per_sample,
         peak_flops=mfu_peak(job.topology.gpu, job.model, job.whole.numerics()),
         peak_memory_bytes=worst.peak_bytes,
+        peak_reserved_bytes=worst.reserved_bytes,
         memory_breakdown_bytes=worst.breakdown(),
         kernels_per_step=kernels * job.microbatches,
         busy_fraction=sim.busy_fraction,
@@ -197,9 +175,25 @@ def _parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool
         grads = "fp16" if job.whole.grad_bytes == 2 else "fp32"
         out.append(f"Megatron-LM style: weights in {num.activation} with fp32 master copies; "
                    f"gradients reduced in {grads}")
+    elif job.pure_bf16:
+        sharding = {0: "replicated (DDP)", 1: "optimizer states sharded (ZeRO-1)",
+                    2: "optimizer states and gradients sharded (ZeRO-2)",
+                    3: "all sharded, gathered a unit at a time (FSDP)"}[p.zero]
+        out.append(f"pure bf16: weights, gradients and optimizer states in bf16, no fp32 "
+                   f"copies; {sharding}")
+    elif job.fsdp and job.whole.mixed_precision:
+        out.append(f"PyTorch FSDP (full sharding) with mixed precision: fp32 weight, gradient "
+                   f"and optimizer shards; each unit's weights gathered in {num.activation} "
+                   f"(the running unit and the prefetched next), so every layer computes in "
+                   f"{num.activation}; gradients reduce-scattered in fp32")
+    elif job.fsdp:
+        out.append("PyTorch FSDP (full sharding) in fp32: weights gathered a unit at a time, "
+                   "gradients reduce-scattered")
     else:
-        out.append(f"PyTorch DDP with autocast: matrix products in {num.matmul}, fp32 weights "
-                   "and gradients")
+        sharded = {1: " and a sharded optimizer (ZeRO-1)",
+                   2: ", sharded optimizer states and gradients (ZeRO-2)"}.get(p.zero, "")
+        out.append(f"PyTorch DDP with autocast{sharded}: matrix products in {num.matmul}, "
+                   "fp32 weights and gradients")
     if job.frozen:
         trains = job.trainable_params(job.model.layers)
         total = job.model.parameters
@@ -264,8 +258,11 @@ def resolve_topology(gpu: str | DeviceProfile | None, system: str | SystemProfil
 
 def _assumptions(job: TrainingJob) -> list[str]:
     num = job.numerics()
+    held = "bf16 (pure bf16: no fp32 copies)" if job.pure_bf16 else "fp32"
     out = [f"matrix products in {num.matmul}, convolutions in {num.conv}, activations in "
-           f"{num.activation}; weights, gradients and optimizer states in fp32"]
+           f"{num.activation}; weights, gradients and optimizer states in {held}"]
+    if job.frozen and job.mixed_precision:
+        out.append(f"frozen weights held in {num.activation} (as fine-tuning loads them)")
     if job.precision == "fp32" and num.conv == "tf32":
         out.append("PyTorch defaults: cuDNN may use TF32 for fp32 convolutions, cuBLAS may not")
     if job.loader_workers:
@@ -313,6 +310,89 @@ def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
                           **options)  # type: ignore[arg-type]
 
 
+Job = TrainingJob | ParallelJob
+
+
+def build_job(
+    model: str | Model,
+    gpu: str | DeviceProfile | None,
+    batch_size: int,
+    *,
+    precision: TrainingPrecision = "fp32",
+    seq_len: int | None = None,
+    grad_accum: int = 1,
+    optimizer: Optimizer = "adam",
+    checkpointing: Checkpointing = "none",
+    frozen: tuple[str, ...] = (),
+    loader_workers: int = DEFAULT_LOADER_WORKERS,
+    num_gpus: int = 1,
+    system: str | SystemProfile | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int | None = None,
+    microbatch_size: int | None = None,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    overlap_grad_reduce: bool = True,
+    max_batch: bool = False,
+    pure_bf16: bool = False,
+) -> tuple[Job, bool]:
+    """The job ``estimate`` runs (arguments as there), and whether its system was assumed
+    (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
+    ``max_batch`` replaces the microbatch (and gradient accumulation) by the largest
+    microbatch that fits and divides each replica's share of the batch."""
+    net = resolve_model(model, seq_len)
+    if num_gpus < 1:
+        raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
+    parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
+                or microbatch_size is not None)
+    if not parallel:
+        if gpu is None:
+            raise InvalidConfig("give --gpu (or --system with --num-gpus)")
+        device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
+        job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
+                          checkpointing, frozen, loader_workers, pure_bf16=pure_bf16)
+        if max_batch:
+            job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
+                batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
+        return job, False
+    topo, assumed = resolve_topology(gpu, system, num_gpus)
+    config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp,
+                             microbatch_size=1 if max_batch else microbatch_size,
+                             grad_accum=1 if max_batch else grad_accum,
+                             schedule=schedule, virtual_stages=virtual_stages, zero=zero,
+                             sequence_parallel=sequence_parallel,
+                             overlap_grad_reduce=overlap_grad_reduce)
+    pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
+                       frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16)
+    if max_batch:
+        share = batch_size // config.data
+
+        def with_micro(m: int) -> ParallelJob:
+            return replace(pjob, parallel=replace(config, microbatch_size=m))
+
+        pjob = with_micro(largest_fitting_divisor(share, with_micro))
+    return pjob, assumed
+
+
+def largest_fitting_divisor(total: int, job_for: Callable[[int], Job]) -> int:
+    """The largest microbatch dividing ``total`` whose job fits (memory grows with the
+    microbatch, so the divisors are tried from the top); 1 when none does, for the caller's
+    out-of-memory error to report."""
+    divisors = sorted({d for i in range(1, math.isqrt(total) + 1) if total % i == 0
+                       for d in (i, total // i)}, reverse=True)
+    for m in divisors:
+        try:
+            job = job_for(m)
+        except InvalidConfig:  # e.g. the interleaved schedule's microbatch count
+            continue
+        if required_bytes(job)[1]:
+            return m
+    return 1
+
+
 def estimate(
     model: str | Model,
     gpu: str | DeviceProfile | None,
@@ -343,6 +423,8 @@ def estimate(
     per_rank: bool = False,
     straggler: Straggler | None = None,
     comm_slowdown: float = 0.0,
+    max_batch: bool = False,
+    pure_bf16: bool = False,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
@@ -350,46 +432,42 @@ def estimate(
     ``batch_size`` is the global batch per optimizer step. The run's length comes from
     exactly one of ``steps``, ``tokens`` (language models) or ``epochs`` with
     ``dataset_size``; with none, one step is estimated. ``per_rank`` and ``straggler`` (one
-    slow GPU or link) and ``comm_slowdown`` apply to multi-GPU jobs.
+    slow GPU or link) and ``comm_slowdown`` apply to multi-GPU jobs. ``max_batch`` runs
+    the largest microbatch that fits and divides the batch (see ``build_job``).
     """
-    net = resolve_model(model, seq_len)
     if steps is None and tokens is None and epochs is None:
         steps = 1
-    n_steps = training_steps(net, batch_size, epochs=epochs, dataset_size=dataset_size,
+    job, assumed = build_job(
+        model, gpu, batch_size, precision=precision, seq_len=seq_len, grad_accum=grad_accum,
+        optimizer=optimizer, checkpointing=checkpointing, frozen=frozen,
+        loader_workers=loader_workers, num_gpus=num_gpus, system=system, tp=tp, pp=pp, dp=dp,
+        microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
+        zero=zero, sequence_parallel=sequence_parallel,
+        overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16)
+    n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
-    if num_gpus < 1:
-        raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
-    parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
-                or microbatch_size is not None)
-    if parallel:
-        topo, assumed = resolve_topology(gpu, system, num_gpus)
-        config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp,
-                                 microbatch_size=microbatch_size, grad_accum=grad_accum,
-                                 schedule=schedule, virtual_stages=virtual_stages, zero=zero,
-                                 sequence_parallel=sequence_parallel,
-                                 overlap_grad_reduce=overlap_grad_reduce)
-        pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
-                           frozen=frozen, loader_workers=loader_workers)
-        step = simulate_parallel_step(pjob, per_rank=per_rank, straggler=straggler,
+    if isinstance(job, ParallelJob):
+        step = simulate_parallel_step(job, per_rank=per_rank, straggler=straggler,
                                       comm_slowdown=comm_slowdown)
-        device: DeviceProfile = topo.gpu
-        assumptions = _parallel_assumptions(pjob, assumed, per_rank, straggler, comm_slowdown)
+        device: DeviceProfile = job.topology.gpu
+        assumptions = _parallel_assumptions(job, assumed, per_rank, straggler, comm_slowdown)
     else:
-        if gpu is None:
-            raise InvalidConfig("give --gpu (or --system with --num-gpus)")
         if per_rank or straggler is not None or comm_slowdown:
             raise InvalidConfig("--per-rank, --straggler, --slow-link and --comm-slowdown "
                                 "apply to multi-GPU jobs (give --num-gpus)")
-        device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
-        job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
-                          checkpointing, frozen, loader_workers)
+        device = job.device
         step = simulate_step(job)
         assumptions = _assumptions(job)
+    if max_batch:
+        micro = (job.parallel.microbatch_size if isinstance(job, ParallelJob)
+                 else job.microbatch_size)
+        assumptions.insert(0, f"microbatch {micro}: the largest that fits and divides the "
+                              f"batch (--max-batch)")
     cal = calibration_for(device)
     power = average_power_w(device, cal, step.active_fraction)
     quote = device.cloud_price_usd_per_hour()
     return TrainingEstimate(
-        model=net.name,
+        model=job.model.name,
         device=device.name,
         device_name=device.full_name,
         batch_size=batch_size,

@@ -26,7 +26,7 @@ class StepResult(BaseModel):
     model_flops_per_step: float
     peak_flops: float = Field(
         description="datasheet peak of the fastest unit the job's math uses (MFU's base)")
-    peak_memory_bytes: float
+    peak_memory_bytes: float = Field(description="allocated peak (max_memory_allocated)")
     memory_breakdown_bytes: dict[str, float]
     kernels_per_step: int
     busy_fraction: float
@@ -36,6 +36,8 @@ class StepResult(BaseModel):
     trace: Trace = Field(exclude=True, repr=False)
     num_gpus: int = 1
     parallel: str | None = Field(None, description="the split, for multi-GPU jobs")
+    peak_reserved_bytes: float | None = Field(
+        None, description="the caching allocator's reserved peak (max_memory_reserved)")
 
     @property
     def samples_per_s(self) -> float:
@@ -116,6 +118,7 @@ class TrainingEstimate(BaseModel):
             "energy_kwh": self.energy_kwh,
             "peak_memory_bytes": s.peak_memory_bytes,
             "peak_memory_per_gpu_bytes": s.peak_memory_bytes,
+            "peak_reserved_bytes": s.peak_reserved_bytes,
             "memory_breakdown_bytes": s.memory_breakdown_bytes,
             "mfu": s.mfu,
             "model_flops_per_step": s.model_flops_per_step,
@@ -149,7 +152,10 @@ class TrainingEstimate(BaseModel):
             f"  energy           {self.energy_kwh:>14,.2f} kWh "
             f"(average {self.average_power_w:.0f} W per device)",
             f"  peak memory      {units.human_bytes(s.peak_memory_bytes):>14}"
-            + (" per GPU" if self.num_gpus > 1 else ""),
+            + (" per GPU" if self.num_gpus > 1 else "") + " allocated"
+            + (f", {units.human_bytes(s.peak_reserved_bytes)} reserved"
+               if s.peak_reserved_bytes else "")
+            + " (gpusim memory: its parts)",
             f"  MFU              {100 * s.mfu:>13.1f} % of {s.peak_flops / 1e12:,.4g} TFLOP/s "
             "peak" + (" per GPU" if self.num_gpus > 1 else ""),
             "",

@@ -10,6 +10,7 @@ from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import microbatch_ops
 from gpusim.plan.memory import memory_plan
+from gpusim.plan.recompute import checkpointed_blocks
 from gpusim.workload import zoo
 
 
@@ -51,7 +52,7 @@ def test_full_checkpointing_reruns_the_body_blocks_only(h100: GPUProfile) -> Non
     job = TrainingJob(model, h100, 8, "bf16", checkpointing="full", loader_workers=0)
     ops = microbatch_ops(job)
     rerun = {o.layer for o in ops if o.phase == "recompute"}
-    body = {la.name for la in model.layers if la.block in model.checkpointed_blocks}
+    body = {la.name for la in model.layers if la.block in checkpointed_blocks('full', model)}
     assert rerun == {name for name in body if any(o.layer == name for o in ops)}
     assert not rerun & {"embed.tokens", "final_norm", "head.vocab", "loss"}
     loss = model.layers[-1]

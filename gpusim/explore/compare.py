@@ -178,7 +178,7 @@ def compare_one(model: Model, device: DeviceProfile, num_devices: int, batch: in
         else:
             result, setup = _fit_many(model, device, num_devices, batch, options)
     except GpusimError as exc:
-        return Comparison(device, num_devices, None, None, "", str(exc).split(";")[0])
+        return Comparison(device, num_devices, None, None, "", exc.summary.split(";")[0])
     if auto:
         setup = f"{options['precision']}, {setup}"
     return Comparison(device, num_devices, result, run_cost(result, device, pricing), setup)

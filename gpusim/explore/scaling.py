@@ -79,7 +79,7 @@ def scaling(model: str | Model, gpu: str | DeviceProfile | None, num_gpus: Seque
         try:
             step = estimate(net, device, batch, num_gpus=n, **options).step
         except GpusimError as exc:
-            rows.append(ScalingRow(n, batch, None, None, None, None, False, str(exc)))
+            rows.append(ScalingRow(n, batch, None, None, None, None, False, exc.summary))
             continue
         per_gpu_s = step.samples_per_s / n
         base = base or per_gpu_s

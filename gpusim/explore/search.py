@@ -19,10 +19,11 @@ from typing import Any
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
-from gpusim.estimate import check_fits_parallel, mfu_peak, simulate_parallel_step
+from gpusim.estimate import mfu_peak, simulate_parallel_step
 from gpusim.plan.job import Checkpointing, Optimizer, TrainingPrecision
 from gpusim.plan.parallel import ParallelPlan, plan_parallel, stage_memory, tied_embedding_params
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.plan.remedies import check_fits_parallel
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
 
@@ -30,7 +31,7 @@ from gpusim.workload.model import Model
 # hundreds of samples, so theirs run in powers of two up to what a replica holds (capped).
 MICROBATCHES = (1, 2, 4, 8, 16)
 LARGEST_SAMPLE_MICROBATCH = 1024
-RECOMPUTE: tuple[Checkpointing, ...] = ("none", "selective", "full")
+RECOMPUTE: tuple[Checkpointing, ...] = ("none", "selective", "per-op", "full")
 # Most model chunks per stage the search tries for interleaved 1F1B: V chunks cut the bubble
 # to (PP - 1) / V passes but send V times as many activations (SC'21 Table 1 ran V of 2-3).
 MAX_VIRTUAL_STAGES = 8
@@ -69,6 +70,7 @@ class SearchResult:
     rejected: tuple[tuple[str, str], ...]  # (configuration, why)
     considered: int
     elapsed_s: float
+    dominated: int = 0  # a lighter recompute of the same split fits and is faster
 
 
 def _divisors(n: int) -> list[int]:
@@ -82,9 +84,11 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
     heads = next((la.heads for la in model.layers if isinstance(la, Attention)), 1)
     blocks = len(model.partition()[1])
     transformer = model.family == "transformer"
-    # Selective recompute re-runs attention cores only: without them it is no recompute.
+    # Selective recompute re-runs attention cores only: without them it is no recompute;
+    # the per-op policy saves attention and matrix-product outputs: without attention
+    # blocks (a CNN's) it re-runs what full recompute does.
     recomputes = RECOMPUTE if any(isinstance(la, Attention) for la in model.layers) else tuple(
-        r for r in RECOMPUTE if r != "selective")
+        r for r in RECOMPUTE if r not in ("selective", "per-op"))
     tps = [t for t in _divisors(topology.gpus_per_node)
            if heads % t == 0 and (transformer or t == 1)]
     for tp in tps:
@@ -136,11 +140,12 @@ def closed_form_step(plan: ParallelPlan) -> float:
         fwd = sum(c.forward.duration_s for c in st.chunks)
         bwd = sum(c.backward.duration_s for c in st.chunks)
         rs = plan.collective_s("reduce_scatter", "data", st.trainable_params * grad)
-        ag = plan.collective_s("all_gather", "data", st.params * weight) if p.zero == 3 else 0.0
+        gathered = job.gathered_weight_bytes
+        ag = plan.collective_s("all_gather", "data", st.params * gathered) if p.zero == 3 else 0.0
         step = m * (max(fwd, ag) + max(bwd, ag + rs)) + optimizer
         if p.zero == 3:
             block = max(c.largest_block_params for c in st.chunks)
-            step += plan.collective_s("all_gather", "data", block * weight)
+            step += plan.collective_s("all_gather", "data", block * gathered)
         else:
             step += plan.collective_s("all_gather", "data", st.trainable_params * weight)
         return max(step, m * job.input_interval_s)
@@ -175,9 +180,16 @@ def search(model: Model, topology: Topology, batch: int, *,
     chunk_cache: dict[Any, Any] = {}
     fits: list[tuple[float, ParallelJob, float]] = []
     rejected: list[tuple[str, str]] = []
+    # Recompute modes come in order of the work they re-run; once a split fits with one,
+    # the later ones can only be slower.
+    fitted: set[ParallelConfig] = set()
+    dominated = 0
     for i, (config, rec) in enumerate(options):
         if progress:
             progress(i, len(options))
+        if config in fitted:
+            dominated += 1
+            continue
         label = f"{config.describe()}, recompute {rec}"
         try:
             job = ParallelJob(model, topology, batch, config, precision, optimizer, rec,
@@ -187,8 +199,9 @@ def search(model: Model, topology: Topology, batch: int, *,
             mems = [stage_memory(plan, plan.stages[s]) for s in sorted(edges)]
             check_fits_parallel(job, mems)
         except GpusimError as exc:
-            rejected.append((label, str(exc).split(";")[0]))
+            rejected.append((label, exc.summary.split(";")[0]))
             continue
+        fitted.add(config)
         fits.append((closed_form_step(plan), job, max(m.peak_bytes for m in mems)))
     if progress:
         progress(len(options), len(options))
@@ -207,6 +220,6 @@ def search(model: Model, topology: Topology, batch: int, *,
         ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu))
     ranked.sort(key=lambda r: r.step_time_s)
     return SearchResult(tuple(ranked), tuple(rejected), len(options),
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, dominated)
 
 

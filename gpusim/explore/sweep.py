@@ -135,7 +135,7 @@ def _failed(exc: GpusimError, peak_memory_bytes: float | None) -> dict[str, Any]
     row: dict[str, Any] = dict.fromkeys(METRICS)
     # One line: messages with a breakdown span several, and a results file wants one cell.
     row.update(peak_memory_bytes=peak_memory_bytes, fits=False,
-               error=f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+               error=f"{type(exc).__name__}: {' '.join(exc.summary.split())}")
     return row
 
 

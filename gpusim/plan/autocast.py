@@ -10,7 +10,9 @@ bits. (Seen in a profiled GPT-2 step on an H100: layer-norm kernels on float, fp
 adds, and a bf16 copy kernel before each such projection.) A CNN's stream stays 16-bit.
 
 Megatron-style training (16-bit weights with fp32 master copies) keeps everything in 16
-bits and casts nothing, and full-precision training has one type: both are left as they are.
+bits and casts nothing, as does FSDP's mixed precision (it gathers each unit's weights in the
+16-bit type and casts the inputs once) and pure bf16 training (the model held in bf16), and
+full-precision training has one type: all are left as they are.
 """
 
 from __future__ import annotations
@@ -35,7 +37,16 @@ class LayerPrecision:
 
 
 def autocasts(job: TrainingJob) -> bool:
-    return job.mixed_precision and not job.master_weights
+    return (job.mixed_precision and not job.master_weights and not job.fsdp
+            and not job.pure_bf16)
+
+
+def casts_weight(layer: Layer, job: TrainingJob) -> bool:
+    """Autocast runs matrix products and convolutions in the low precision, casting their
+    fp32 weights once per forward (and caching the copy until backward); norms and
+    embeddings keep fp32 weights, and frozen weights are held in the compute type already."""
+    return (autocasts(job) and layer.params > 0 and isinstance(layer, (Linear, Conv2d))
+            and job.is_trainable(layer.name))
 
 
 def input_elements(layer: Layer) -> int:

@@ -12,18 +12,17 @@ from typing import Literal
 
 from gpusim.errors import InvalidConfig, UnsupportedPrecision
 from gpusim.hardware.profile import DeviceProfile
+from gpusim.plan.recompute import parse_recompute
 from gpusim.workload.layers import Layer
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
 
 TrainingPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 TRAINING_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
-Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum"]
-OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum")
-# "full" re-runs each block's forward before its backward; "selective" re-runs only the
-# attention cores (Korthikanti et al. 2022), keeping everything else.
-Checkpointing = Literal["none", "selective", "full"]
-CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
+Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum", "adamw8bit"]
+OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum", "adamw8bit")
+# A recompute mode (gpusim.plan.recompute): none, selective, per-op, full or every-k:N.
+Checkpointing = str
 
 # Data-loader worker processes a training process starts unless told otherwise (a common
 # DataLoader num_workers in ImageNet recipes; 0 is synthetic data on the device).
@@ -31,7 +30,10 @@ DEFAULT_LOADER_WORKERS = 8
 
 
 def in_prefix(name: str, prefix: str) -> bool:
-    """Whether layer ``name`` is ``prefix`` or inside it ("h.1" holds "h.1.mlp", not "h.10")."""
+    """Whether layer ``name`` is ``prefix`` or inside it ("h.1" holds "h.1.mlp", not "h.10";
+    a prefix ending in a dot, "h.", holds every name that starts with it)."""
+    if prefix.endswith("."):
+        return name.startswith(prefix)
     return name == prefix or name.startswith(prefix + ".")
 
 
@@ -43,7 +45,12 @@ class TrainingJob:
     microbatches of ``batch_size / K``. ``frozen`` lists layer-name prefixes whose weights do
     not train. ``loader_workers`` 0 means synthetic data already on the device.
     ``master_weights`` runs it as Megatron-LM does: 16-bit weights with fp32 master copies,
-    its fused optimizer and its vocab-parallel cross-entropy.
+    its fused optimizer and its vocab-parallel cross-entropy. ``fsdp`` runs it as PyTorch
+    FSDP's mixed precision does: fp32 weights, each gathered in the compute type before its
+    layers run, so every layer computes in that type and autocast casts nothing.
+    ``pure_bf16`` holds the whole model in bf16 (torchtune's and LitGPT's "bf16-true"):
+    bf16 weights, gradients and optimizer states (PyTorch's optimizers keep their states in
+    the parameters' type), no fp32 copy of anything, nothing cast.
     """
 
     model: Model
@@ -57,6 +64,8 @@ class TrainingJob:
     loader_workers: int = DEFAULT_LOADER_WORKERS
     master_weights: bool = False
     input_requires_grad: bool = False
+    fsdp: bool = False
+    pure_bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -76,9 +85,8 @@ class TrainingJob:
             raise InvalidConfig(
                 f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
             )
-        if self.checkpointing not in CHECKPOINTING:
-            raise InvalidConfig(f"unknown checkpointing {self.checkpointing!r}; use one of "
-                                f"{', '.join(CHECKPOINTING)}")
+        if parse_recompute(self.checkpointing) != self.checkpointing:
+            object.__setattr__(self, "checkpointing", parse_recompute(self.checkpointing))
         if self.loader_workers < 0:
             raise InvalidConfig(f"loader workers must be 0 or more (got {self.loader_workers})")
         names = [layer.name for layer in self.model.layers]
@@ -88,6 +96,12 @@ class TrainingJob:
                     f"--freeze {prefix!r} matches no layer of {self.model.name}; layer names "
                     f"look like {', '.join(names[:3])} (`gpusim models show` lists them)"
                 )
+        if self.pure_bf16 and self.precision != "bf16":
+            raise InvalidConfig(f"pure bf16 training holds the model in bf16; it needs "
+                                f"--precision bf16 (got {self.precision})")
+        if self.pure_bf16 and self.master_weights:
+            raise InvalidConfig("pure bf16 keeps no fp32 master weights, which Megatron-LM "
+                                "style training (tensor or pipeline parallelism) keeps")
         self.numerics()  # raises UnsupportedPrecision early
 
     @property
@@ -101,14 +115,20 @@ class TrainingJob:
     @property
     def weight_bytes(self) -> int:
         """Bytes per weight as the model holds it."""
-        return 2 if self.master_weights and self.mixed_precision else 4
+        return 2 if (self.master_weights and self.mixed_precision) or self.pure_bf16 else 4
 
     @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element as accumulated and reduced: fp32, except that
         Megatron-LM's fp16 training keeps fp16 gradients (it accumulates and all-reduces in
         fp32 only for bf16, where it forces accumulate_allreduce_grads_in_fp32)."""
-        return 2 if self.master_weights and self.precision == "fp16" else 4
+        return 2 if (self.master_weights and self.precision == "fp16") or self.pure_bf16 else 4
+
+    @property
+    def frozen_weight_bytes(self) -> int:
+        """Bytes per frozen weight: under mixed precision fine-tuning loads the weights that
+        do not train in the compute type (no master copy, nothing for autocast to cast)."""
+        return self.numerics().act_bytes if self.mixed_precision else self.weight_bytes
 
     def is_trainable(self, layer_name: str) -> bool:
         return not any(in_prefix(layer_name, p) for p in self.frozen)

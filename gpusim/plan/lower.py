@@ -25,8 +25,14 @@ from gpusim.cost.kernels import (
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile, LinkProfile
-from gpusim.plan.autocast import LayerPrecision, autocasts, input_elements, layer_precisions
+from gpusim.plan.autocast import (
+    LayerPrecision,
+    casts_weight,
+    input_elements,
+    layer_precisions,
+)
 from gpusim.plan.job import TrainingJob
+from gpusim.plan.recompute import checkpointed_blocks, policy_saved
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
 from gpusim.workload.numerics import Numerics
@@ -48,6 +54,9 @@ OPTIMIZER_PASSES: dict[str, list[Pass]] = {
     "adamw": [("mul_", 1, 1, False), *_ADAM],  # decoupled weight decay first
     "sgd": [("add_", 2, 1, False)],
     "sgd-momentum": [("mul_", 1, 1, False), ("add_", 2, 1, False), ("add_", 2, 1, False)],
+    # bitsandbytes' AdamW8bit: one fused kernel reads the weight, its gradient and two
+    # 1-byte states, and writes the weight and the states (in fp32-element units).
+    "adamw8bit": [("adam_8bit", 2.5, 1.5, False)],
 }
 
 # Megatron-LM's mixed-precision optimizer (Float16OptimizerWithFloat16Params) around apex's
@@ -56,7 +65,8 @@ OPTIMIZER_PASSES: dict[str, list[Pass]] = {
 # one norm pass for gradient clipping; one fused update of the fp32 main weights and states;
 # the updated weights copied back into the 16-bit model.
 _FUSED_UPDATE = {"adam": ("fused_adam", 4, 3), "adamw": ("fused_adam", 4, 3),
-                 "sgd": ("fused_sgd", 2, 1), "sgd-momentum": ("fused_sgd", 3, 2)}
+                 "sgd": ("fused_sgd", 2, 1), "sgd-momentum": ("fused_sgd", 3, 2),
+                 "adamw8bit": ("adam_8bit", 2.5, 1.5)}
 
 
 def _megatron_passes(job: TrainingJob) -> list[Pass]:
@@ -113,12 +123,6 @@ def _first_trainable(job: TrainingJob) -> int:
     return len(job.model.layers)
 
 
-def _autocast(layer: Layer, job: TrainingJob) -> bool:
-    """Autocast runs matrix products and convolutions in the low precision, casting their
-    fp32 weights once per forward; norms and embeddings keep fp32 weights."""
-    return autocasts(job) and layer.params > 0 and isinstance(layer, (Linear, Conv2d))
-
-
 def _input_cast(layer: Layer, job: TrainingJob, num: Numerics, backward: bool) -> list[Op]:
     """Autocast's cast of an fp32 input down to the compute type (in backward, of the
     input's gradient back up to fp32)."""
@@ -134,7 +138,7 @@ def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
                  phase: Phase) -> list[Op]:
     num = prec.numerics
     ops = _input_cast(layer, job, num, backward=False) if prec.casts_input else []
-    if _autocast(layer, job):
+    if casts_weight(layer, job):
         # Read the fp32 weight, write its copy in the compute type.
         ops.append(memory_op(f"{layer.name}.cast_weight", layer.params, 0, DTYPE_BYTES["fp32"],
                              0))
@@ -159,7 +163,7 @@ def _input_grad_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision) -> lis
 def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
     """The weight gradient, then (under autocast) its cast back to an fp32 gradient."""
     ops = layer.backward_weight(job.microbatch_size, num)
-    if _autocast(layer, job):
+    if casts_weight(layer, job):
         moved = layer.params * (num.act_bytes + DTYPE_BYTES["fp32"])
         ops.append(Op(f"{layer.name}.cast_grad", "memory", 0.0, moved, "fp32", layer.name,
                       alloc_bytes=layer.params * DTYPE_BYTES["fp32"]))
@@ -175,14 +179,16 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
     for layer in layers:
         ops += _forward_ops(layer, job, precision[layer.name], "forward")
     recomputed: set[str] = set()
-    checkpointed = job.model.checkpointed_blocks if job.checkpointing == "full" else frozenset()
+    checkpointed = checkpointed_blocks(job.checkpointing, job.model)
     for i in range(len(layers) - 1, max(first, 0) - 1, -1):
         layer = layers[i]
         block = layer.block
         if block in checkpointed and block not in recomputed:
             recomputed.add(block)
-            for other in layers[: i + 1]:
-                if other.block == block:
+            members = [other for other in layers[: i + 1] if other.block == block]
+            saved = policy_saved(job.checkpointing, members)
+            for other in members:
+                if other.name not in saved:
                     ops += _forward_ops(other, job, precision[other.name], "recompute")
         if job.checkpointing == "selective" and isinstance(layer, Attention):
             ops += _forward_ops(layer, job, precision[layer.name], "recompute")
@@ -216,12 +222,13 @@ def optimizer_ops(job: TrainingJob) -> list[Op]:
         passes = list(OPTIMIZER_PASSES[job.optimizer])
         if job.precision == "fp16":
             passes.insert(0, ("unscale_", 1, 1, False))  # GradScaler: unscale, check inf/nan
-    return pass_ops(passes, sizes, job.device.is_gpu)
+    return pass_ops(passes, sizes, job.device.is_gpu, 2 if job.pure_bf16 else 4)
 
 
-def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool) -> list[Op]:
-    """The kernels of an optimizer's passes over parameter tensors of ``sizes``."""
-    fp32 = DTYPE_BYTES["fp32"]
+def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool,
+             element_bytes: int = 4) -> list[Op]:
+    """The kernels of an optimizer's passes over parameter tensors of ``sizes``, whose
+    weights, gradients and states have ``element_bytes`` each (fp32 unless pure bf16)."""
     if gpu:
         groups = math.ceil(len(sizes) / TENSORS_PER_OPTIMIZER_KERNEL)
         total = sum(sizes)
@@ -233,8 +240,8 @@ def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool) -> list[Op]:
         for i, elements in enumerate(chunks):
             if name == "step":
                 elements, reads, writes = 1.0, 1.0, 1.0
-            op = memory_op(f"optimizer.{name}.{i}", reads * elements, writes * elements, fp32,
-                           allocates=allocates)
+            op = memory_op(f"optimizer.{name}.{i}", reads * elements, writes * elements,
+                           element_bytes, allocates=allocates)
             ops.append(replace(op, layer="optimizer", phase="optimizer"))
     return ops
 

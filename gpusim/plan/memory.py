@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpusim import units
-from gpusim.errors import OutOfMemory
-from gpusim.plan.autocast import layer_precisions
+from gpusim.plan.autocast import casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
+from gpusim.plan.recompute import checkpointed_blocks, policy_kept_bytes
 from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Layer
 
@@ -23,8 +23,18 @@ from gpusim.workload.layers import Layer
 FRAMEWORK_RESERVED_BYTES = units.gib(0.75)
 # The caching allocator rarely packs perfectly; leave this fraction of the card free.
 ALLOCATOR_SLACK = 0.05
+# What PyTorch's caching allocator reserves beyond the peak it hands out (fragmentation and
+# cached blocks), as a fraction of that peak: the median of max_memory_reserved /
+# max_memory_allocated - 1 over the project's own runs of at least 1 GiB (measurements/
+# h100-sxm and h200 models.json: transformers 0.01-0.14, CNNs 0.16-0.55, whose activations
+# vary more in size). tests/test_memory_frameworks.py recomputes both from those files.
+ALLOCATOR_RESERVE = {"transformer": 0.08, "cnn": 0.25}
 
-OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
+# Bytes of optimizer state per trainable parameter. 8-bit AdamW (bitsandbytes) keeps two
+# 1-byte states and an fp32 scale per block of 2048 of each (Dettmers et al. 2022,
+# "8-bit Optimizers via Block-wise Quantization", section 2).
+OPTIMIZER_STATE_BYTES = {"adam": 8.0, "adamw": 8.0, "sgd-momentum": 4.0, "sgd": 0.0,
+                         "adamw8bit": 2.0 + 2 * 4 / 2048}
 
 # cuBLAS workspaces PyTorch takes from its caching allocator, so max_memory_allocated counts
 # them: one for cuBLAS and one for cuBLASLt, each of the size the cuBLAS documentation
@@ -56,12 +66,21 @@ class MemoryPlan:
     framework_reserved: float
     capacity: float
     library_workspaces: float = 0.0
+    allocator_reserve: float = 0.0  # fraction of the peak the allocator reserves beyond it
 
     @property
     def peak_bytes(self) -> float:
         """Peak allocated bytes, comparable with torch.cuda.max_memory_allocated."""
         return (self.weights + self.gradients + self.optimizer_states + self.weight_copies
                 + self.activations + self.transient + self.library_workspaces)
+
+    @property
+    def reserved_bytes(self) -> float:
+        """Peak reserved by the caching allocator (torch.cuda.max_memory_reserved): the
+        allocated peak and the allocator's reserve, which it gives back before it would
+        fail, so never more than the device holds beside the framework's own."""
+        return min(self.peak_bytes * (1 + self.allocator_reserve),
+                   max(self.peak_bytes, self.capacity - self.framework_reserved))
 
     @property
     def required_bytes(self) -> float:
@@ -95,8 +114,16 @@ def activation_bytes(job: TrainingJob) -> float:
 
 
 def activation_split(job: TrainingJob) -> tuple[float, float]:
-    """(bytes a microbatch keeps from its forward until its backward, bytes re-created
-    for one block at a time during backward under full checkpointing)."""
+    """(bytes a microbatch keeps from its forward until its backward, bytes re-created for
+    one checkpointed block at a time during backward), under the job's recompute mode
+    (``gpusim.plan.recompute``)."""
+    kept, working = activations_by_layer(job)
+    return sum(kept.values()), working
+
+
+def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
+    """What each layer keeps for backward (a checkpointed block's input under the name
+    ``<block>.input``), and the bytes re-created for one block at a time."""
     layers = job.model.layers
     precision = layer_precisions(job)
 
@@ -106,76 +133,63 @@ def activation_split(job: TrainingJob) -> tuple[float, float]:
     n = job.microbatch_size
     first = next((i for i, lay in enumerate(layers) if job.trains_weights(lay)), len(layers))
     kept = layers[0 if job.input_requires_grad else first:]  # frozen prefix: no autograd
-    if job.checkpointing == "none":
-        return sum(saved(lay) for lay in kept), 0.0
-    if job.checkpointing == "selective":
+    mode = job.checkpointing
+    if mode == "none":
+        return {lay.name: saved(lay) for lay in kept}, 0.0
+    if mode == "selective":
         # Attention cores keep only their inputs and outputs; scores and softmax statistics
         # are re-created in backward.
-        return sum(lay.io_bytes(n, precision[lay.name].numerics) if isinstance(lay, Attention)
-                   else saved(lay) for lay in kept), 0.0
-    # Full checkpointing keeps each body block's input and re-creates one block at a time;
-    # the layers around the body (embeddings, head, loss) keep what they save.
-    checkpointed = job.model.checkpointed_blocks
+        return {lay.name: lay.io_bytes(n, precision[lay.name].numerics)
+                if isinstance(lay, Attention) else saved(lay) for lay in kept}, 0.0
+    # A checkpointed block keeps its input (and what a per-op policy saves) and re-creates
+    # the rest one block at a time; other layers keep what they save.
+    checkpointed = checkpointed_blocks(mode, job.model)
     per_block: dict[str, float] = {}
-    total = 0.0
+    out: dict[str, float] = {}
     previous_out = 0
     for lay in kept:
+        num = precision[lay.name].numerics
         if lay.block not in checkpointed:
-            total += saved(lay)
+            out[lay.name] = saved(lay)
         else:
             if lay.block not in per_block:
                 per_block[lay.block] = 0.0
-                total += n * previous_out * precision[lay.name].numerics.act_bytes
+                out[f"{lay.block}.input"] = float(n * previous_out * num.act_bytes)
             per_block[lay.block] += saved(lay)
+            if mode == "per-op":
+                out[lay.name] = policy_kept_bytes(lay, n, num)
         previous_out = lay.out_elements
-    return total, max(per_block.values(), default=0.0)
+    return out, max(per_block.values(), default=0.0)
 
 
 def memory_plan(job: TrainingJob) -> MemoryPlan:
-    """The peak memory of ``job`` by category (raises nothing; see ``check_fits``)."""
+    """The peak memory of ``job`` by category (raises nothing; ``remedies.check_fits`` does)."""
     layers = job.model.layers
     num = job.numerics()
     n = job.microbatch_size
     params = job.model.parameters
     trainable = sum(lay.params for lay in layers if job.is_trainable(lay.name))
-    autocast = job.mixed_precision and job.device.is_gpu and not job.master_weights
-    copies = params * num.act_bytes if autocast else 0.0
+    # Autocast's cached 16-bit copies of the weights it casts, kept from forward to backward.
+    copies = float(sum(lay.params * num.act_bytes for lay in layers if casts_weight(lay, job))
+                   if job.device.is_gpu else 0.0)
     master = 4.0 * trainable if job.master_weights and job.mixed_precision else 0.0
+    # Pure bf16: the optimizer's states take the parameters' type (8-bit states stay 8-bit).
+    state_scale = 0.5 if job.pure_bf16 and job.optimizer != "adamw8bit" else 1.0
     # The largest layer output and its gradient alive together during backward.
     transient = max((2 * n * lay.out_elements * num.act_bytes for lay in layers), default=0)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
     return MemoryPlan(
-        weights=float(job.weight_bytes * params),
+        weights=float(job.weight_bytes * trainable
+                      + job.frozen_weight_bytes * (params - trainable)),
         gradients=float(job.grad_bytes * trainable),
-        optimizer_states=OPTIMIZER_STATE_BYTES[job.optimizer] * trainable + master,
+        optimizer_states=OPTIMIZER_STATE_BYTES[job.optimizer] * trainable * state_scale
+        + master,
         weight_copies=copies,
         activations=activation_bytes(job),
         transient=float(transient),
         framework_reserved=reserved,
         capacity=job.device.memory_bytes,
         library_workspaces=library_workspace_bytes(job),
-    )
-
-
-def check_fits(job: TrainingJob, plan: MemoryPlan) -> None:
-    """Raise OutOfMemory with the breakdown and what to try when ``plan`` does not fit."""
-    if plan.fits:
-        return
-    parts = ", ".join(f"{k.replace('_', ' ')} {units.human_bytes(v)}"
-                      for k, v in plan.breakdown().items() if v)
-    advice = []
-    if job.microbatch_size > 1:
-        advice.append(f"a smaller batch or --grad-accum {2 * job.grad_accum}")
-    if job.checkpointing == "none":
-        advice.append("--checkpointing full")
-    if job.precision in ("fp32", "tf32"):
-        advice.append("--precision bf16 or fp16")
-    advice.append("a GPU with more memory")
-    raise OutOfMemory(
-        f"{job.model.name} with microbatch {job.microbatch_size} needs "
-        f"{units.human_bytes(plan.required_bytes)} but {job.device.name} has "
-        f"{units.human_bytes(plan.usable_bytes)} usable ({parts}); try {', '.join(advice)}",
-        required_bytes=plan.required_bytes,
-        available_bytes=plan.usable_bytes,
-        peak_bytes=plan.peak_bytes,
+        allocator_reserve=ALLOCATOR_RESERVE.get(job.model.family, 0.0)
+        if job.device.is_gpu else 0.0,
     )

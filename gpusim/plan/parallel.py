@@ -282,9 +282,12 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
     tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
     shard = 1.0 / p.data
     gathered = 0.0
-    if p.zero == 3:  # the gathered weights of the running block and of the prefetched one
+    if p.zero == 3:
+        # The gathered weights of the running unit and of the prefetched next one, in the
+        # compute type (FSDP's mixed precision gathers 16-bit weights), and in backward the
+        # running unit's unsharded gradient until it is reduce-scattered.
         largest = max(c.largest_block_params for c in stage.chunks)
-        gathered = 2.0 * largest * job.stage_job(sub).weight_bytes
+        gathered = largest * (2.0 * job.gathered_weight_bytes + job.whole.numerics().act_bytes)
     return replace(
         base,
         weights=base.weights * (shard if p.zero >= 3 else 1.0),

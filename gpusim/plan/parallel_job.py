@@ -21,6 +21,7 @@ from gpusim.plan.job import (
     TrainingPrecision,
     in_prefix,
 )
+from gpusim.plan.recompute import parse_recompute
 from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Layer
 from gpusim.workload.model import Model
@@ -107,6 +108,7 @@ class ParallelJob:
     frozen: tuple[str, ...] = ()  # layer-name prefixes whose weights do not train
     # Data-loader processes per data-parallel replica; 0 feeds synthetic input on the device.
     loader_workers: int = 0
+    pure_bf16: bool = False  # the model held in bf16, states too (see TrainingJob)
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -129,6 +131,8 @@ class ParallelJob:
                 f"the interleaved schedule needs the microbatches per pipeline "
                 f"({self.microbatches}) to be a multiple of PP {p.pipeline}"
             )
+        if parse_recompute(self.checkpointing) != self.checkpointing:
+            object.__setattr__(self, "checkpointing", parse_recompute(self.checkpointing))
         if p.tensor > 1 or p.pipeline > 1:
             _check_splits(self.model, p)
         _ = self.whole  # checks precision against the GPU, checkpointing, frozen names, ...
@@ -169,6 +173,20 @@ class ParallelJob:
             return self.megatron
         return self.parallel.tensor > 1 or self.parallel.pipeline > 1
 
+    @property
+    def fsdp(self) -> bool:
+        """ZeRO-3 without Megatron-LM semantics is PyTorch FSDP (full sharding) with its
+        mixed precision: fp32 weight shards, gathered a unit at a time in the compute type."""
+        return self.parallel.zero == 3 and not self.master_weights
+
+    @property
+    def gathered_weight_bytes(self) -> int:
+        """Bytes per weight that ZeRO-3 gathers: FSDP's mixed precision gathers the compute
+        type (its param_dtype), everything else the type the weights are held in."""
+        whole = self.whole
+        return whole.numerics().act_bytes if self.fsdp and whole.mixed_precision \
+            else whole.weight_bytes
+
     @cached_property
     def whole(self) -> TrainingJob:
         """The whole model as one device's job: its numerics and per-element byte sizes."""
@@ -183,7 +201,8 @@ class ParallelJob:
         return TrainingJob(model, self.topology.gpu, self.parallel.microbatch_size,
                            self.precision, 1, self.optimizer, self.checkpointing, frozen,
                            loader_workers=0, master_weights=self.master_weights,
-                           input_requires_grad=not first)
+                           input_requires_grad=not first, fsdp=self.fsdp,
+                           pure_bf16=self.pure_bf16)
 
     @cached_property
     def model_flops_per_sample(self) -> float:

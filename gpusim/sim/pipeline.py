@@ -132,6 +132,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     grad_bytes = job.whole.grad_bytes
     tied = tied_embedding_params(job)
     weight_bytes = job.whole.weight_bytes
+    gathered_bytes = job.gathered_weight_bytes
 
     slow_compute: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
     slow_link: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
@@ -228,7 +229,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
                 for i in range(count)]
 
     def gather_weights(unit: tuple[int, int], params: float) -> simpy.Process:
-        return env.process(reduce(unit, "all_gather", params * weight_bytes,
+        return env.process(reduce(unit, "all_gather", params * gathered_bytes,
                                   "all_gather weights"))
 
     def run_stage(unit: tuple[int, int], st: StagePlan) -> Any:

@@ -93,8 +93,3 @@ class Model:
         for layer in layers[start:end]:
             blocks.setdefault(layer.block, []).append(layer)
         return layers[:start], list(blocks.values()), layers[end:]
-
-    @cached_property
-    def checkpointed_blocks(self) -> frozenset[str]:
-        """Blocks that full activation checkpointing wraps: the body's, not the edges'."""
-        return frozenset(block[0].block for block in self.partition()[1] if block[0].block)

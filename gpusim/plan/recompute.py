@@ -1,0 +1,80 @@
+"""Activation recompute (checkpointing): what each mode keeps from forward to backward, and
+what it runs again before a block's backward.
+
+- ``none`` keeps every tensor the layers save.
+- ``selective`` is Megatron-LM's (Korthikanti et al. 2022): only the attention cores re-run,
+  so only their score matrices are dropped. With FlashAttention, which keeps no ``seq x
+  seq`` matrix, it keeps nearly what ``none`` keeps.
+- ``per-op`` is PyTorch's selective activation checkpointing with an op policy, as
+  torchtitan applies it (torchtitan/models/llama3/infra/parallelize.py, ``_save_list``):
+  each body block is checkpointed, but the outputs of its attention kernel and of every
+  other matrix product (the 1st, 3rd, ...; the policy counts ``aten.mm`` calls) are saved;
+  norms, activations, adds and the other products re-run. Frameworks write the projections
+  unfused (q, k, v and gate, up as products of their own) where gpusim's layers fuse them,
+  so the alternation runs over gpusim's products for what re-runs (the 2nd and 4th: output
+  and down projections, as in torchtitan's Llama) and memory keeps half of every product's
+  output (torchtitan's Llama saves q, v, gate and down: within 10% of that half).
+- ``full`` checkpoints every body block: it keeps the block's input and re-runs its whole
+  forward (Megatron-LM's ``--recompute-granularity full``, torch.utils.checkpoint per block).
+- ``every-k:N`` checkpoints every N-th body block (the N-th, 2N-th, ...) fully and keeps
+  everything in the others (torchtitan's ``selective_ac_option`` as a number).
+"""
+
+from __future__ import annotations
+
+from gpusim.errors import InvalidConfig
+from gpusim.workload.attention import Attention
+from gpusim.workload.layers import Layer, Linear
+from gpusim.workload.model import Model
+from gpusim.workload.numerics import Numerics
+
+MODES: tuple[str, ...] = ("none", "selective", "per-op", "full", "every-k:N")
+HELP = ("activation recompute: none; selective (Megatron-LM: attention cores re-run); per-op "
+        "(PyTorch's op-policy checkpointing: matrix-product and attention outputs saved, the "
+        "rest re-run); full (each block re-runs); every-k:N (every N-th block re-runs)")
+
+
+def parse_recompute(text: str) -> str:
+    """A recompute mode from what a user wrote ("every-k:2", "full", ...), checked."""
+    mode = str(text).strip().lower()
+    if mode in MODES[:4]:
+        return mode
+    if mode.startswith("every-k:"):
+        value = mode.split(":", 1)[1]
+        if not value.isdigit() or int(value) < 1:
+            raise InvalidConfig(f"every-k:N needs a whole number of blocks N >= 1 (got "
+                                f"{value!r}), e.g. every-k:2 checkpoints every second block")
+        return "full" if int(value) == 1 else f"every-k:{int(value)}"
+    raise InvalidConfig(f"unknown recompute mode {text!r}; use one of {', '.join(MODES)}")
+
+
+def checkpointed_blocks(mode: str, model: Model) -> frozenset[str]:
+    """Body blocks that the mode wraps in a checkpoint (their forward runs again)."""
+    if mode in ("none", "selective"):
+        return frozenset()
+    body = [block[0].block for block in model.partition()[1] if block[0].block]
+    if mode.startswith("every-k:"):
+        k = int(mode.split(":", 1)[1])
+        body = [b for i, b in enumerate(body) if (i + 1) % k == 0]
+    return frozenset(body)
+
+
+def policy_saved(mode: str, block_layers: list[Layer]) -> frozenset[str]:
+    """Layers of a checkpointed block whose outputs the per-op policy saves (they do not
+    re-run): attention kernels, and every other matrix product in forward order."""
+    if mode != "per-op":
+        return frozenset()
+    saved = {la.name for la in block_layers if isinstance(la, Attention)}
+    linears = [la.name for la in block_layers if isinstance(la, Linear)]
+    saved.update(linears[::2])
+    return frozenset(saved)
+
+
+def policy_kept_bytes(layer: Layer, n: int, num: Numerics) -> float:
+    """What the per-op policy keeps of a checkpointed block's ``layer``: an attention
+    kernel's output and fp32 log-sum-exp per row, half of a matrix product's output."""
+    if isinstance(layer, Attention):
+        return float(n * layer.out_elements * num.act_bytes + n * layer.heads * layer.seq * 4)
+    if isinstance(layer, Linear):
+        return n * layer.out_elements * num.act_bytes / 2
+    return 0.0

@@ -1,0 +1,163 @@
+"""Published, measured per-GPU peak memories (published/peak_memory.yaml), and gpusim's
+prediction of each.
+
+The figures are validation only, never fitted. Each case is turned into the job it describes;
+a case that needs what gpusim does not model yet (torch.compile, LoRA, context parallelism,
+CPU offload, FP8 recipes, Adafactor, a model outside the zoo's families) is listed with the
+reason instead of being forced into a job it is not. A figure is compared with what it
+measured: ``allocated`` with the allocated peak, ``reserved`` (and ``unknown``: frameworks
+print the reserved peak) with the caching allocator's reserved peak, ``nvidia-smi`` with the
+reserved peak plus the CUDA context and library handles the process holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpusim.errors import GpusimError
+from gpusim.estimate import build_job
+from gpusim.explore.values import with_fields
+from gpusim.hardware.catalog import load_gpu
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan
+from gpusim.plan.memory_report import memory_report
+from gpusim.workload import zoo
+from gpusim.workload.model import Model
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+
+CASES_FILE = Path(__file__).resolve().parents[2] / "published" / "peak_memory.yaml"
+
+# GPU names as the sources write them -> (profile, memory GiB when it differs)
+GPUS: list[tuple[str, str, float | None]] = [
+    ("H100 SXM 96GB", "h100-sxm", 96.0), ("H100 96GB", "h100-sxm", 96.0),
+    ("H200", "h200", None), ("A100-SXM4-40GB", "a100-40gb", None),
+    ("A100 80GB", "a100-80gb", None), ("A800", "a100-80gb", None),
+    ("V100-SXM2 16GB", "v100-sxm2-16gb", None), ("A10G", "a10", None),
+]
+RECOMPUTE = {"selective(op)": "per-op", "megatron-selective": "selective", "none": "none"}
+
+
+@dataclass(frozen=True)
+class MemoryCase:
+    id: str
+    kind: str  # allocated | reserved | nvidia-smi | unknown
+    measured_gib: float
+    source: str
+    job: Any = None  # the job gpusim runs, None when it cannot be expressed
+    skipped: str = ""  # why not
+
+    def predicted_gib(self) -> float:
+        plan = memory_report(self.job).plan
+        return measured_like(plan, self.kind) / 2**30
+
+    def fits(self) -> bool:
+        return memory_report(self.job).plan.fits
+
+
+def measured_like(plan: MemoryPlan, kind: str) -> float:
+    """The predicted figure that a measurement of ``kind`` reports."""
+    if kind == "allocated":
+        return plan.peak_bytes
+    if kind == "nvidia-smi":
+        return plan.reserved_bytes + FRAMEWORK_RESERVED_BYTES
+    return plan.reserved_bytes
+
+
+def load_cases(path: Path = CASES_FILE) -> list[MemoryCase]:
+    data = yaml.safe_load(path.read_text())
+    cases = []
+    for row in data["cases"]:
+        src = row["source"]
+        base = {"id": row["id"], "kind": row["memory_kind"],
+                "measured_gib": float(row["measured_gib"]),
+                "source": f"{src['url_or_repo_path']} ({src['where']})"}
+        why = _unsupported(row)
+        if why:
+            cases.append(MemoryCase(**base, skipped=why))
+            continue
+        try:
+            cases.append(MemoryCase(**base, job=_job(row)))
+        except GpusimError as exc:
+            cases.append(MemoryCase(**base, skipped=f"not expressible: {exc}"))
+    return cases
+
+
+def _unsupported(row: dict[str, Any]) -> str:
+    """Why gpusim cannot model this case yet ('' when it can)."""
+    t, p, m = row["training"], row["parallelism"], row["model"]
+    opt = str(t.get("optimizer", "")).lower()
+    checks = [
+        (t.get("torch_compile"), "torch.compile (its fusions keep fewer tensors) is not "
+                                 "modelled"),
+        (row.get("method", "full") != "full", "LoRA / QLoRA fine-tuning is not modelled "
+                                              "(issue 19)"),
+        (int(p.get("cp") or 1) > 1 or "CP" in str(p.get("zero_stage_or_fsdp", "")),
+         "context parallelism is not modelled"),
+        (p.get("cpu_offload") or "offload" in opt, "CPU offload is not modelled"),
+        ("float8" in str(t.get("precision", "")), "FP8 training recipes are not modelled "
+                                                  "(issue 15)"),
+        ("adafactor" in opt, "Adafactor is not modelled"),
+        ("fused into backward" in opt, "the optimizer step fused into backward is not "
+                                       "modelled"),
+        (_model(m) is None, f"{m['name']} is not a transformer gpusim builds"),
+        (_gpu(row["hardware"]["gpu"]) is None, f"no profile for {row['hardware']['gpu']}"),
+    ]
+    return next((why for bad, why in checks if bad), "")
+
+
+def _gpu(name: str) -> DeviceProfile | None:
+    for text, profile, memory in GPUS:
+        if text.lower() in name.lower():
+            gpu = load_gpu(profile)
+            return with_fields(gpu, {"memory_gib": memory}) if memory else gpu
+    return None
+
+
+def _model(m: dict[str, Any]) -> Model | None:
+    name = str(m["name"]).lower()
+    if name.startswith("bert-large"):
+        return zoo.get("bert-large", seq_len=int(m["seq_len"]))
+    if not all(m.get(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len")) \
+            or "vit" in name:
+        return None
+    gated = bool(m.get("gated_mlp"))
+    cfg = TransformerConfig(
+        name=m["name"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
+        kv_heads=m.get("kv_heads"), ffn_hidden=m.get("ffn_hidden"), vocab=m["vocab"],
+        seq_len=m["seq_len"], norm="rmsnorm" if gated else "layernorm",
+        activation="swiglu" if gated else "gelu", positions="rotary" if gated else "learned",
+        tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated)
+    return build_transformer(cfg)
+
+
+def _job(row: dict[str, Any]) -> Any:
+    t, p, m = row["training"], row["parallelism"], row["model"]
+    gpus = int(row["hardware"]["num_gpus"])
+    precision_text = str(t["precision"]).lower()
+    precision = "fp16" if "fp16" in precision_text else "bf16" if "bf16" in precision_text \
+        else "fp32"
+    opt = str(t.get("optimizer", "adamw")).lower()
+    optimizer = "adamw8bit" if "8-bit" in opt else "adamw"
+    ac = str(t.get("activation_checkpointing", "none"))
+    recompute = RECOMPUTE.get(ac, "full" if ac.startswith("full") else ac)
+    micro = int(t["microbatch_per_gpu"])
+    tp, pp = int(p.get("tp") or 1), int(p.get("pp") or 1)
+    dp = gpus // (tp * pp)
+    sharding = str(p.get("zero_stage_or_fsdp", "")).upper()
+    zero = 3 if ("FSDP" in sharding or "ZERO-3" in sharding) else \
+        1 if "ZERO-1" in sharding else 2 if "ZERO-2" in sharding else 0
+    options: dict[str, Any] = {
+        "precision": precision, "optimizer": optimizer, "checkpointing": recompute,
+        "pure_bf16": "pure" in precision_text, "loader_workers": 0}
+    model, gpu = _model(m), _gpu(row["hardware"]["gpu"])
+    assert model is not None and gpu is not None  # _unsupported checked both
+    if gpus == 1:
+        accum = int(t.get("grad_accum") or 1)
+        return build_job(model, gpu, micro * accum, grad_accum=accum, **options)[0]
+    return build_job(model, gpu, micro * dp, num_gpus=gpus,
+                     tp=tp, pp=pp, dp=dp, microbatch_size=micro, zero=zero,
+                     sequence_parallel=bool(p.get("sp")), **options)[0]

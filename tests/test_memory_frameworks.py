@@ -1,0 +1,288 @@
+"""Memory as frameworks allocate it: FSDP's gathered units, frozen weights, recompute modes
+and out-of-memory advice (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpusim.comm.topology import Topology
+from gpusim.errors import InvalidConfig, OutOfMemory
+from gpusim.estimate import build_job, estimate
+from gpusim.hardware.profile import GPUProfile
+from gpusim.plan.job import TrainingJob
+from gpusim.plan.lower import microbatch_ops
+from gpusim.plan.memory import ALLOCATOR_RESERVE, memory_plan
+from gpusim.plan.memory_report import largest_microbatch
+from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.plan.recompute import parse_recompute
+from gpusim.plan.remedies import combination, remedies
+from gpusim.workload import zoo
+from gpusim.workload.formats import model_from_spec
+from gpusim.workload.layers import Linear
+
+GIB = 2.0**30
+
+
+def _fsdp(model: str, gpus: int, micro: int, seq: int, recompute: str = "none",
+          zero: int = 3) -> ParallelJob:
+    topo = Topology.build("dgx-h100", gpus)
+    return ParallelJob(zoo.get(model, seq_len=seq), topo, micro * gpus,
+                       ParallelConfig(data=gpus, microbatch_size=micro, zero=zero), "bf16",
+                       "adamw", recompute)
+
+
+def _memory(job: ParallelJob):  # type: ignore[no-untyped-def]
+    plan = plan_parallel(job)
+    return stage_memory(plan, plan.stages[0])
+
+
+def test_fsdp_keeps_no_unsharded_copy_of_the_weights() -> None:
+    """Llama-3 70B on 64 H100s with full recompute: the issue saw 131 GiB of "weight
+    copies"; FSDP holds 16 bytes a parameter over 64 ranks (16.4 GiB) plus gathered units."""
+    job = _fsdp("llama3-70b", 64, 1, 8192, "full")
+    mem = _memory(job)
+    assert mem.weight_copies == 0
+    params = job.model.parameters
+    assert mem.weights + mem.gradients + mem.optimizer_states == pytest.approx(
+        16 * params / 64)
+    assert mem.fits
+    assert mem.peak_bytes < 60 * GIB
+
+
+def test_fsdp_gathers_units_in_the_compute_type() -> None:
+    """Two units gathered in bf16 (running and prefetched) and one unit's bf16 gradient."""
+    job = _fsdp("llama3-8b", 8, 1, 2048)
+    mem = _memory(job)
+    units: dict[str, int] = {}
+    for la in job.model.layers:
+        units[la.block] = units.get(la.block, 0) + la.params
+    largest = max(units.values())  # the untied head (vocab x hidden) and the final norm
+    assert largest == units["head"]
+    base = memory_plan(job.stage_job(job.model))
+    assert mem.transient - base.transient == pytest.approx(3 * 2 * largest)
+    assert job.gathered_weight_bytes == 2
+
+
+def test_fsdp_computes_every_layer_in_bf16() -> None:
+    """FSDP's mixed precision casts weights when it gathers them, not per op: no autocast
+    weight casts and no fp32 residual stream."""
+    job = _fsdp("llama3-8b", 8, 1, 2048).stage_job(zoo.get("llama3-8b", seq_len=2048))
+    ops = microbatch_ops(job)
+    assert not [op for op in ops if op.name.endswith("cast_weight")]
+    ddp = _fsdp("llama3-8b", 8, 1, 2048, zero=1).stage_job(zoo.get("llama3-8b", seq_len=2048))
+    assert [op for op in microbatch_ops(ddp) if op.name.endswith("cast_weight")]
+    assert memory_plan(job).activations < memory_plan(ddp).activations
+
+
+def test_zero3_assumptions_name_fsdp_not_ddp() -> None:
+    est = estimate("gpt2", "h100-sxm", 16, precision="bf16", num_gpus=8, system="dgx-h100",
+                   zero=3)
+    text = " ".join(est.assumptions)
+    assert "FSDP" in text and "DDP" not in text
+    ddp = estimate("gpt2", "h100-sxm", 16, precision="bf16", num_gpus=8, system="dgx-h100")
+    assert "PyTorch DDP with autocast" in " ".join(ddp.assumptions)
+
+
+def test_frozen_weights_are_held_in_the_compute_type(h100: GPUProfile) -> None:
+    model = zoo.get("gpt2")
+    frozen = TrainingJob(model, h100, 4, "bf16", frozen=("h.",))
+    plain = TrainingJob(model, h100, 4, "bf16")
+    body = sum(la.params for la in model.layers if la.name.startswith("h."))
+    saved = memory_plan(plain).weights - memory_plan(frozen).weights
+    assert saved == pytest.approx(2 * body)  # 4 bytes an fp32 weight, 2 a bf16 one
+    body_linear = sum(la.params for la in model.layers
+                      if la.name.startswith("h.") and isinstance(la, Linear))
+    copies_saved = memory_plan(plain).weight_copies - memory_plan(frozen).weight_copies
+    assert copies_saved == pytest.approx(2 * body_linear)
+    assert not [op for op in microbatch_ops(frozen)
+                if op.name.endswith("cast_weight") and op.layer.startswith("h.")]
+
+
+def test_a_prefix_ending_in_a_dot_matches_the_layers_below_it(h100: GPUProfile) -> None:
+    job = TrainingJob(zoo.get("gpt2"), h100, 4, "bf16", frozen=("h.",))
+    assert not job.is_trainable("h.0.attn.qkv") and not job.is_trainable("h.11.mlp.down")
+    assert job.is_trainable("embed.tokens")
+
+
+@pytest.mark.parametrize("text, mode", [("full", "full"), ("Per-Op", "per-op"),
+                                        ("every-k:2", "every-k:2"), ("every-k:1", "full")])
+def test_recompute_modes_parse(text: str, mode: str) -> None:
+    assert parse_recompute(text) == mode
+
+
+@pytest.mark.parametrize("text", ["bogus", "every-k:0", "every-k:x", "every-k:"])
+def test_unknown_recompute_modes_are_refused_with_the_list(text: str) -> None:
+    with pytest.raises(InvalidConfig, match="every-k"):
+        parse_recompute(text)
+
+
+def _llama_job(h100: GPUProfile, mode: str) -> TrainingJob:
+    return TrainingJob(zoo.get("llama3-8b", seq_len=2048), h100, 1, "bf16",
+                       checkpointing=mode, loader_workers=0, fsdp=True)
+
+
+def test_recompute_modes_order_memory_and_time(h100: GPUProfile) -> None:
+    """Between none and full, every-k and per-op each keep less and re-run more."""
+    def kept(mode: str) -> float:
+        return memory_plan(_llama_job(h100, mode)).activations
+
+    def rerun(mode: str) -> float:
+        return sum(op.flops for op in microbatch_ops(_llama_job(h100, mode))
+                   if op.phase == "recompute")
+
+    for middle in ("every-k:2", "per-op"):
+        assert kept("none") > kept(middle) > kept("full")
+        assert rerun("none") == 0 < rerun(middle) < rerun("full")
+
+
+def test_flash_attention_keeps_no_scores_so_selective_is_nearly_none(h100: GPUProfile) -> None:
+    none = memory_plan(_llama_job(h100, "none")).activations
+    selective = memory_plan(_llama_job(h100, "selective")).activations
+    assert selective == pytest.approx(none, rel=0.01)
+
+
+def test_per_op_saves_attention_and_every_other_product(h100: GPUProfile) -> None:
+    ops = microbatch_ops(_llama_job(h100, "per-op"))
+    rerun = {op.layer.split(".", 2)[-1] for op in ops
+             if op.phase == "recompute" and op.layer.startswith("h.")}
+    # qkv (1st product) and up (3rd) are saved, proj (2nd) and down (4th) re-run
+    assert {"attn.proj", "mlp.down", "mlp.act", "norm1", "norm2"} <= rerun
+    assert not rerun & {"attn.qkv", "attn.core", "mlp.up"}
+
+
+def test_every_k_checkpoints_every_kth_block(h100: GPUProfile) -> None:
+    ops = microbatch_ops(_llama_job(h100, "every-k:4"))
+    blocks = {op.layer.split(".")[1] for op in ops if op.phase == "recompute"}
+    assert blocks == {str(i) for i in range(3, 32, 4)}
+
+
+def test_llama3_8b_fsdp_with_per_op_recompute_fits_at_8k() -> None:
+    """The issue's case: microbatch 2 at sequence 8192 on 8 H100s under FSDP with PyTorch's
+    per-op selective checkpointing trains in published runs; it was refused at 122 GiB."""
+    mem = _memory(_fsdp("llama3-8b", 8, 2, 8192, "per-op"))
+    assert mem.fits
+
+
+def test_recompute_modes_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpusim.cli import main
+    assert main(["estimate", "--model", "gpt2", "--gpu", "h100-sxm", "--batch-size", "8",
+                 "--precision", "bf16", "--recompute", "every-k:3", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["estimate", "--model", "gpt2", "--gpu", "h100-sxm", "--batch-size", "8",
+                 "--recompute", "sometimes"]) != 0
+    err = capsys.readouterr().err
+    assert "per-op" in err and "Traceback" not in err
+
+
+def test_advice_leaves_out_what_cannot_work_when_states_alone_overflow() -> None:
+    """Llama-3 70B's weights, gradients and Adam states need 1 TiB; no batch is small enough
+    on 8 GPUs without sharding, so the advice must not suggest a smaller batch alone."""
+    topo = Topology.build("dgx-h100", 8)
+    job = ParallelJob(zoo.get("llama3-70b", seq_len=8192), topo, 8,
+                      ParallelConfig(data=8, microbatch_size=1), "bf16")
+    with pytest.raises(OutOfMemory) as err:
+        estimate("llama3-70b", "h100-sxm", 8, precision="bf16", num_gpus=8,
+                 system="dgx-h100", seq_len=8192)
+    found = remedies(job)
+    assert not [r for r in found if r.fits]
+    combined = combination(job)
+    assert combined and combined[0].kind == "zero" and combined[-1].fits
+    text = str(err.value)
+    assert "no single change fits" in text and "zero=3" in text
+    assert "--zero" not in text  # the Python API names its own arguments
+
+
+def test_advice_ranks_remedies_that_fit_cheapest_first() -> None:
+    """Llama-3 8B at 8k on 8 H100s under ZeRO-1 (fp32 weights and gradients on every GPU):
+    FSDP and tensor parallelism both fit, and sharding, which costs least, comes first."""
+    topo = Topology.build("dgx-h100", 8)
+    job = ParallelJob(zoo.get("llama3-8b", seq_len=8192), topo, 8,
+                      ParallelConfig(data=8, microbatch_size=1, zero=1), "bf16")
+    fitting = [r for r in remedies(job) if r.fits]
+    kinds = [r.kind for r in fitting]
+    assert kinds[0] == "zero" and "tensor" in kinds
+    assert fitting[0].cli.startswith("--zero")
+    for remedy in fitting:  # each one really fits when applied
+        assert remedy.required_bytes < topo.gpu.memory_bytes
+
+
+def test_the_cli_prints_flags_in_its_advice(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpusim.cli import main
+    assert main(["estimate", "--model", "gpt2-xl", "--gpu", "a100-40gb", "--batch-size", "16",
+                 "--precision", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert "--grad-accum" in err and "grad_accum=" not in err
+
+
+def test_eight_bit_optimizer_states_take_a_quarter_of_adams(h100: GPUProfile) -> None:
+    model = zoo.get("gpt2")
+    adam = memory_plan(TrainingJob(model, h100, 4, "bf16", optimizer="adamw"))
+    eight = memory_plan(TrainingJob(model, h100, 4, "bf16", optimizer="adamw8bit"))
+    assert eight.optimizer_states == pytest.approx(adam.optimizer_states / 4, rel=0.01)
+
+
+def test_largest_microbatch_is_the_edge_of_fitting(h100: GPUProfile) -> None:
+    job = TrainingJob(zoo.get("gpt2-medium"), h100, 8, "bf16")
+    largest = largest_microbatch(job)
+    assert largest > 8
+    assert memory_plan(replace(job, batch_size=largest)).fits
+    assert not memory_plan(replace(job, batch_size=largest + 1)).fits
+
+
+def test_max_batch_runs_the_largest_fitting_divisor_of_the_batch() -> None:
+    est = estimate("gpt2-medium", "a100-40gb", 512, precision="bf16", max_batch=True)
+    job, _ = build_job("gpt2-medium", "a100-40gb", 512, precision="bf16", max_batch=True)
+    assert isinstance(job, TrainingJob)
+    micro = job.microbatch_size
+    assert 512 % micro == 0 and micro < 512
+    assert memory_plan(job).fits
+    assert not memory_plan(replace(job, grad_accum=job.grad_accum // 2)).fits
+    assert f"microbatch {micro}" in est.assumptions[0]
+
+
+def test_max_batch_on_a_parallel_job_picks_the_microbatch() -> None:
+    job, _ = build_job("llama3-8b", "h100-sxm", 64, precision="bf16", seq_len=8192,
+                       num_gpus=8, system="dgx-h100", zero=3, checkpointing="per-op",
+                       max_batch=True)
+    assert isinstance(job, ParallelJob)
+    assert job.parallel.microbatch_size >= 1 and _memory(job).fits
+
+
+def test_memory_command_prints_the_parts_and_the_largest_microbatch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gpusim.cli import main
+    assert main(["memory", "--model", "llama3-8b", "--gpu", "h100-sxm", "--num-gpus", "8",
+                 "--system", "dgx-h100", "--zero", "3", "--recompute", "per-op",
+                 "--batch-size", "16", "--seq-len", "8192", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    for part in ("peak allocated", "peak reserved", "optimizer states", "activations by "
+                 "layer kind", "attention", "largest fitting", "peak at"):
+        assert part in out
+    assert main(["memory", "--model", "gpt2", "--gpu", "h100-sxm", "--batch-size", "8",
+                 "--precision", "bf16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] and data["largest_microbatch"] > 8
+    assert data["peak_reserved_bytes"] >= data["peak_allocated_bytes"]
+    assert sum(data["activations_by_kind_bytes"].values()) == pytest.approx(
+        data["breakdown_bytes"]["activations"], rel=1e-6)
+
+
+def test_allocator_reserve_is_the_median_of_the_projects_runs() -> None:
+    """The reserved-over-allocated fractions the memory plan states, recomputed from the
+    measured runs they came from (cases of 1 GiB or more, by model family)."""
+    root = Path(__file__).resolve().parents[1] / "measurements"
+    ratios: dict[str, list[float]] = {"transformer": [], "cnn": []}
+    for device in ("h100-sxm", "h200"):
+        for case in json.loads((root / device / "models.json").read_text())["cases"]:
+            if case["peak_memory_bytes"] < 2**30:
+                continue
+            family = model_from_spec(case["model"]).family
+            ratios[family].append(case["peak_reserved_bytes"] / case["peak_memory_bytes"] - 1)
+    for family, values in ratios.items():
+        assert ALLOCATOR_RESERVE[family] == pytest.approx(statistics.median(values), abs=0.01)
