@@ -72,6 +72,10 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     tech.add_argument("--max-batch", action="store_true",
                       help="run the largest microbatch that fits and divides the batch "
                            "(accumulating the rest), as people find it by trial")
+    tech.add_argument("--stack", metavar="NAME",
+                      help="how the framework writes the layers (norms, grouped K/V, "
+                           "SwiGLU): pytorch (default), hf-transformers, litgpt, torchtitan, "
+                           "torchtune, megatron, or a stack YAML file (stacks/)")
     tech.add_argument("--pure-bf16", action="store_true",
                       help="hold the model in bf16: weights, gradients and optimizer states, "
                            "no fp32 copies (torchtune, LitGPT bf16-true); needs --precision "
@@ -226,7 +230,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "sequence_parallel": args.sequence_parallel,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
-        "pure_bf16": args.pure_bf16,
+        "pure_bf16": args.pure_bf16, "stack": args.stack,
     }
 
 

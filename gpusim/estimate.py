@@ -35,6 +35,7 @@ from gpusim.report import StepResult, TrainingEstimate
 from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.sim.ranks import Straggler, rank_coords
+from gpusim.stack import Stack, apply_stack, load_stack
 from gpusim.workload import formats, zoo
 from gpusim.workload.layers import Conv2d
 from gpusim.workload.model import Model
@@ -338,12 +339,15 @@ def build_job(
     overlap_grad_reduce: bool = True,
     max_batch: bool = False,
     pure_bf16: bool = False,
+    stack: str | Stack | None = None,
 ) -> tuple[Job, bool]:
     """The job ``estimate`` runs (arguments as there), and whether its system was assumed
     (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
     ``max_batch`` replaces the microbatch (and gradient accumulation) by the largest
-    microbatch that fits and divides each replica's share of the batch."""
-    net = resolve_model(model, seq_len)
+    microbatch that fits and divides each replica's share of the batch. ``stack`` (a name,
+    a YAML file or a Stack; default ``pytorch``) says how the framework writes the layers."""
+    framework = load_stack(stack)
+    net = apply_stack(resolve_model(model, seq_len), framework)
     if num_gpus < 1:
         raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
     parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
@@ -353,7 +357,8 @@ def build_job(
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
         job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
-                          checkpointing, frozen, loader_workers, pure_bf16=pure_bf16)
+                          checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
+                          stack=framework)
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
@@ -366,7 +371,8 @@ def build_job(
                              sequence_parallel=sequence_parallel,
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
-                       frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16)
+                       frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
+                       stack=framework)
     if max_batch:
         share = batch_size // config.data
 
@@ -425,6 +431,7 @@ def estimate(
     comm_slowdown: float = 0.0,
     max_batch: bool = False,
     pure_bf16: bool = False,
+    stack: str | Stack | None = None,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
@@ -443,7 +450,8 @@ def estimate(
         loader_workers=loader_workers, num_gpus=num_gpus, system=system, tp=tp, pp=pp, dp=dp,
         microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
         zero=zero, sequence_parallel=sequence_parallel,
-        overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16)
+        overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
+        stack=stack)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
     if isinstance(job, ParallelJob):
@@ -458,6 +466,8 @@ def estimate(
         device = job.device
         step = simulate_step(job)
         assumptions = _assumptions(job)
+    if job.model.family == "transformer" or stack is not None:
+        assumptions.insert(0, load_stack(stack).describe())
     if max_batch:
         micro = (job.parallel.microbatch_size if isinstance(job, ParallelJob)
                  else job.microbatch_size)

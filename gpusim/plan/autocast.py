@@ -74,6 +74,11 @@ def layer_precisions(job: TrainingJob) -> dict[str, LayerPrecision]:
         elif isinstance(layer, (Linear, Conv2d)):
             casts = current == wide
             act = current = low
+        elif isinstance(layer, Attention) and not layer.fused:
+            # scores from a 16-bit product; softmax (on the fp32 list) keeps fp32 probabilities
+            act = current = low
+            out[layer.name] = LayerPrecision(replace(num, activation=act, softmax=wide))
+            continue
         elif isinstance(layer, (Attention, CrossEntropy)):
             act = current = low  # inputs from a projection; the loss casts up itself
         elif isinstance(layer, Elementwise) and layer.op in FP32_LIST:

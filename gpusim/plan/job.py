@@ -13,6 +13,7 @@ from typing import Literal
 from gpusim.errors import InvalidConfig, UnsupportedPrecision
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.recompute import parse_recompute
+from gpusim.stack import Stack, default_stack
 from gpusim.workload.layers import Layer
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
@@ -66,6 +67,7 @@ class TrainingJob:
     input_requires_grad: bool = False
     fsdp: bool = False
     pure_bf16: bool = False
+    stack: Stack | None = None  # how the framework runs the step (None: the default stack)
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -123,6 +125,10 @@ class TrainingJob:
         Megatron-LM's fp16 training keeps fp16 gradients (it accumulates and all-reduces in
         fp32 only for bf16, where it forces accumulate_allreduce_grads_in_fp32)."""
         return 2 if (self.master_weights and self.precision == "fp16") or self.pure_bf16 else 4
+
+    @property
+    def framework(self) -> Stack:
+        return self.stack or default_stack()
 
     @property
     def frozen_weight_bytes(self) -> int:

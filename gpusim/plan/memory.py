@@ -67,12 +67,43 @@ class MemoryPlan:
     capacity: float
     library_workspaces: float = 0.0
     allocator_reserve: float = 0.0  # fraction of the peak the allocator reserves beyond it
+    communication_buffers: float = 0.0
+    optimizer_temporaries: float = 0.0  # what the optimizer step allocates while it runs
+    # Whether gradients are held when the backward pass starts: with one microbatch a step
+    # they are created by that pass (zero_grad sets them to None), with accumulation they
+    # hold the earlier microbatches' sums, and Megatron-LM's live in a persistent buffer.
+    gradients_at_backward: bool = True
+
+    def _at_backward(self) -> dict[str, float]:
+        """What is alive when the backward pass starts: every activation, the loss's
+        gradients, autocast's weight copies."""
+        return {"weights": self.weights,
+                "gradients": self.gradients if self.gradients_at_backward else 0.0,
+                "optimizer_states": self.optimizer_states, "weight_copies": self.weight_copies,
+                "activations": self.activations, "transient": self.transient,
+                "communication_buffers": self.communication_buffers,
+                "library_workspaces": self.library_workspaces}
+
+    def _at_optimizer(self) -> dict[str, float]:
+        """What is alive while the optimizer steps: activations and copies are gone, every
+        gradient is there, and the step's own temporaries."""
+        return {"weights": self.weights, "gradients": self.gradients,
+                "optimizer_states": self.optimizer_states,
+                "optimizer_temporaries": self.optimizer_temporaries,
+                "communication_buffers": self.communication_buffers,
+                "library_workspaces": self.library_workspaces}
+
+    @property
+    def peak_phase(self) -> str:
+        """Where in the step the peak falls: "backward" (its start) or "optimizer"."""
+        backward = sum(self._at_backward().values())
+        return "backward" if backward >= sum(self._at_optimizer().values()) else "optimizer"
 
     @property
     def peak_bytes(self) -> float:
-        """Peak allocated bytes, comparable with torch.cuda.max_memory_allocated."""
-        return (self.weights + self.gradients + self.optimizer_states + self.weight_copies
-                + self.activations + self.transient + self.library_workspaces)
+        """Peak allocated bytes, comparable with torch.cuda.max_memory_allocated: the larger
+        of the backward pass's start and the optimizer step."""
+        return max(sum(self._at_backward().values()), sum(self._at_optimizer().values()))
 
     @property
     def reserved_bytes(self) -> float:
@@ -95,16 +126,13 @@ class MemoryPlan:
         return self.required_bytes <= self.usable_bytes
 
     def breakdown(self) -> dict[str, float]:
-        return {
-            "weights": self.weights,
-            "gradients": self.gradients,
-            "optimizer_states": self.optimizer_states,
-            "weight_copies": self.weight_copies,
-            "activations": self.activations,
-            "transient": self.transient,
-            "library_workspaces": self.library_workspaces,
-            "framework_reserved": self.framework_reserved,
-        }
+        """The parts alive at the peak (they sum to ``required_bytes``)."""
+        parts = self._at_backward() if self.peak_phase == "backward" else self._at_optimizer()
+        keys = ("weights", "gradients", "optimizer_states", "optimizer_temporaries",
+                "weight_copies", "activations", "transient", "communication_buffers",
+                "library_workspaces")
+        return {**{k: parts.get(k, 0.0) for k in keys},
+                "framework_reserved": self.framework_reserved}
 
 
 def activation_bytes(job: TrainingJob) -> float:
@@ -176,8 +204,18 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
     # Pure bf16: the optimizer's states take the parameters' type (8-bit states stay 8-bit).
     state_scale = 0.5 if job.pure_bf16 and job.optimizer != "adamw8bit" else 1.0
     # The largest layer output and its gradient alive together during backward.
-    transient = max((2 * n * lay.out_elements * num.act_bytes for lay in layers), default=0)
+    precision = layer_precisions(job)
+    transient = max((lay.transient_bytes(n, precision[lay.name].numerics) for lay in layers),
+                    default=0.0)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
+    # PyTorch's foreach Adam on a GPU computes sqrt(v) for every parameter at once before
+    # its in-place update (torch/optim/adam.py, _multi_tensor_adam: exp_avg_sq_sqrt); the
+    # fused and 8-bit kernels, a per-tensor loop and Megatron-LM's fused step allocate
+    # nothing of that size.
+    stack = job.framework
+    foreach = (job.device.is_gpu and job.optimizer in ("adam", "adamw")
+               and stack.optimizer == "foreach" and not job.master_weights)
+    temporaries = trainable * (2.0 if job.pure_bf16 else 4.0) if foreach else 0.0
     return MemoryPlan(
         weights=float(job.weight_bytes * trainable
                       + job.frozen_weight_bytes * (params - trainable)),
@@ -192,4 +230,7 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
         library_workspaces=library_workspace_bytes(job),
         allocator_reserve=ALLOCATOR_RESERVE.get(job.model.family, 0.0)
         if job.device.is_gpu else 0.0,
+        optimizer_temporaries=temporaries,
+        gradients_at_backward=(job.grad_accum > 1 or job.master_weights
+                               or stack.zero_grad == "zeros"),
     )

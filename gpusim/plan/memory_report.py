@@ -158,8 +158,9 @@ def _stage_model(job: ParallelJob, stage: int) -> Model:
 
 
 def _peak_at(job: Job, plan: MemoryPlan, stage: int) -> str:
-    if plan.activations == 0:
-        return "the optimizer step (no activations kept)"
+    if plan.peak_phase == "optimizer":
+        return ("the optimizer step: every gradient held and the step's temporaries, the "
+                "activations already freed")
     where = "the start of the backward pass: the forward's activations held, the loss and " \
             "its gradient alive"
     if isinstance(job, ParallelJob):

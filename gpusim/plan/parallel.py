@@ -288,8 +288,15 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
         # running unit's unsharded gradient until it is reduce-scattered.
         largest = max(c.largest_block_params for c in stage.chunks)
         gathered = largest * (2.0 * job.gathered_weight_bytes + job.whole.numerics().act_bytes)
+    # PyTorch DDP copies each gradient into its bucket for the all-reduce (the default
+    # gradient_as_bucket_view=False keeps the buckets beside the gradients for the job's
+    # life); Megatron-LM's gradients live in their reduce buffer already.
+    buckets = base.gradients if p.data > 1 and p.zero <= 1 and not job.master_weights else 0.0
     return replace(
         base,
+        communication_buffers=buckets,
+        optimizer_temporaries=base.optimizer_temporaries * (shard if p.zero >= 1 else 1.0),
+        gradients_at_backward=base.gradients_at_backward or job.microbatches > 1,
         weights=base.weights * (shard if p.zero >= 3 else 1.0),
         gradients=base.gradients * (shard if p.zero >= 2 else 1.0),
         optimizer_states=base.optimizer_states * (shard if p.zero >= 1 else 1.0),

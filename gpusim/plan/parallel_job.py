@@ -22,6 +22,7 @@ from gpusim.plan.job import (
     in_prefix,
 )
 from gpusim.plan.recompute import parse_recompute
+from gpusim.stack import Stack
 from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Layer
 from gpusim.workload.model import Model
@@ -109,6 +110,7 @@ class ParallelJob:
     # Data-loader processes per data-parallel replica; 0 feeds synthetic input on the device.
     loader_workers: int = 0
     pure_bf16: bool = False  # the model held in bf16, states too (see TrainingJob)
+    stack: Stack | None = None  # how the framework runs the step (None: the default stack)
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -202,7 +204,7 @@ class ParallelJob:
                            self.precision, 1, self.optimizer, self.checkpointing, frozen,
                            loader_workers=0, master_weights=self.master_weights,
                            input_requires_grad=not first, fsdp=self.fsdp,
-                           pure_bf16=self.pure_bf16)
+                           pure_bf16=self.pure_bf16, stack=self.stack)
 
     @cached_property
     def model_flops_per_sample(self) -> float:

@@ -3,9 +3,10 @@ that fit are listed cheapest first.
 
 The order is what each remedy usually costs in step time, from least to most: sharding
 states further (ZeRO/FSDP; communication that overlaps), keeping fewer activations with
-per-op recompute, 8-bit optimizer states, a smaller microbatch (less efficient kernels, more
-of them), full recompute (a third more compute), more GPUs (money, not time), and splitting
-layers (tensor or pipeline parallelism, which adds communication or a bubble). A remedy is
+per-op recompute, 8-bit optimizer states, pure bf16 (no fp32 copies; a numerical risk more
+than a time cost), a smaller microbatch (less efficient kernels, more of them), full
+recompute (a third more compute), more GPUs (money, not time), and splitting layers (tensor
+or pipeline parallelism, which adds communication or a bubble). A remedy is
 named both as a flag of the command line and as an argument of ``gpusim.estimate``.
 """
 
@@ -172,6 +173,9 @@ def _parallel(job: ParallelJob) -> Iterator[Candidate]:
     if job.optimizer in ("adam", "adamw"):
         yield ("optimizer", "8-bit optimizer states", "--optimizer adamw8bit",
                "optimizer='adamw8bit'", _with_job(job, optimizer="adamw8bit"))
+    if job.precision == "bf16" and not job.pure_bf16 and not job.master_weights:
+        yield ("pure", "pure bf16 (no fp32 weights, gradients or states)", "--pure-bf16",
+               "pure_bf16=True", _with_job(job, pure_bf16=True))
     micro = p.microbatch_size // 2
     while micro >= 1:
         yield ("microbatch", f"microbatch {micro}", f"--microbatch-size {micro}",
@@ -222,6 +226,9 @@ def _single(job: TrainingJob) -> Iterator[Candidate]:
     if job.optimizer in ("adam", "adamw"):
         yield ("optimizer", "8-bit optimizer states", "--optimizer adamw8bit",
                "optimizer='adamw8bit'", changed(optimizer="adamw8bit"))
+    if job.precision == "bf16" and not job.pure_bf16 and not job.master_weights:
+        yield ("pure", "pure bf16 (no fp32 weights, gradients or states)", "--pure-bf16",
+               "pure_bf16=True", changed(pure_bf16=True))
     accum = job.grad_accum * 2
     while accum <= job.batch_size:
         if job.batch_size % accum == 0:

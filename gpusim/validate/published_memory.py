@@ -1,7 +1,8 @@
 """Published, measured per-GPU peak memories (published/peak_memory.yaml), and gpusim's
 prediction of each.
 
-The figures are validation only, never fitted. Each case is turned into the job it describes;
+The figures are validation only, never fitted. Each case is turned into the job it
+describes, written as its framework writes the layers (its stack);
 a case that needs what gpusim does not model yet (torch.compile, LoRA, context parallelism,
 CPU offload, FP8 recipes, Adafactor, a model outside the zoo's families) is listed with the
 reason instead of being forced into a job it is not. A figure is compared with what it
@@ -39,6 +40,12 @@ GPUS: list[tuple[str, str, float | None]] = [
     ("V100-SXM2 16GB", "v100-sxm2-16gb", None), ("A10G", "a10", None),
 ]
 RECOMPUTE = {"selective(op)": "per-op", "megatron-selective": "selective", "none": "none"}
+# The framework a source names -> the stack that writes its layers (stacks/). ms-swift's
+# DeepSpeed runs train the Hugging Face model; torchtitan before March 2025 upcast its norms.
+STACKS = [("megatron", "megatron"), ("deepspeed", "hf-transformers"),
+          ("transformers ~v4.16", "hf-transformers-2022"), ("hf trainer", "hf-transformers"),
+          ("lit", "litgpt"), ("torchtune", "torchtune"),
+          ("torchtitan @9dec370", "torchtitan-2024"), ("torchtitan", "torchtitan")]
 
 
 @dataclass(frozen=True)
@@ -150,14 +157,16 @@ def _job(row: dict[str, Any]) -> Any:
     sharding = str(p.get("zero_stage_or_fsdp", "")).upper()
     zero = 3 if ("FSDP" in sharding or "ZERO-3" in sharding) else \
         1 if "ZERO-1" in sharding else 2 if "ZERO-2" in sharding else 0
+    framework = str(row.get("framework", "")).lower()
+    stack = next((st for text, st in STACKS if text in framework), "pytorch")
     options: dict[str, Any] = {
         "precision": precision, "optimizer": optimizer, "checkpointing": recompute,
-        "pure_bf16": "pure" in precision_text, "loader_workers": 0}
+        "pure_bf16": "pure" in precision_text, "loader_workers": 0, "stack": stack}
     model, gpu = _model(m), _gpu(row["hardware"]["gpu"])
     assert model is not None and gpu is not None  # _unsupported checked both
+    accum = int(t.get("grad_accum") or 1)
     if gpus == 1:
-        accum = int(t.get("grad_accum") or 1)
         return build_job(model, gpu, micro * accum, grad_accum=accum, **options)[0]
-    return build_job(model, gpu, micro * dp, num_gpus=gpus,
+    return build_job(model, gpu, micro * dp * accum, num_gpus=gpus,
                      tp=tp, pp=pp, dp=dp, microbatch_size=micro, zero=zero,
                      sequence_parallel=bool(p.get("sp")), **options)[0]

@@ -26,9 +26,17 @@ class Attention(Layer):
     causal: bool = False
     fused: bool = True
     dropout: bool = False
+    # Grouped-query K and V copied out to every query head before the kernel (a stack's
+    # repeat_kv), rather than read in groups by it.
+    expand_kv: bool = False
 
     @property
     def _kv(self) -> int:
+        return self.heads if self.expand_kv else self.kv_heads or self.heads
+
+    @property
+    def _groups(self) -> int:
+        """Key/value heads as the layer's projection makes them."""
         return self.kv_heads or self.heads
 
     @property
@@ -60,18 +68,30 @@ class Attention(Layer):
     def _qkv_grad_pack(self, n: int, num: Numerics) -> Op:
         """dq, dk and dv concatenated into the packed QKV projection's gradient (the
         backward of splitting one projection's output into heads)."""
-        e = n * self.seq * self.head_dim * (self.heads + 2 * self._kv)
+        e = n * self.seq * self.head_dim * (self.heads + 2 * self._groups)
         return memory_op(f"{self.name}.dqkv_pack", e, e, num.act_bytes, 0)
+
+    def _repeat_kv(self, n: int, num: Numerics, backward: bool) -> list[Op]:
+        """K and V copied out to every head (forward), and the copies' gradients summed
+        back over each group (backward)."""
+        if not self.expand_kv or self._groups == self.heads:
+            return []
+        grouped = 2 * n * self.seq * self.head_dim * self._groups
+        full = 2 * n * self.seq * self.head_dim * self.heads
+        if backward:
+            return [memory_op(f"{self.name}.repeat_kv_grad", full, grouped, num.act_bytes, 1)]
+        return [memory_op(f"{self.name}.repeat_kv", grouped, full, num.act_bytes, 0)]
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         out = n * self.out_elements
+        ops = self._repeat_kv(n, num, backward=False)
         if self.fused:
-            ops = [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
+            ops += [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
                       self._qkvo_elements(n) * num.act_bytes, num.matmul,
                       alloc_bytes=out * num.act_bytes)]
         else:
             scores = n * self.heads * self.seq**2
-            ops = self._score_gemms(n, ("qk",), num)
+            ops += self._score_gemms(n, ("qk",), num)
             ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
             if self.dropout:
                 ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
@@ -95,6 +115,7 @@ class Attention(Layer):
             ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores,
                                  num.act_bytes, 3))
             ops += self._score_gemms(n, ("dq", "dk"), num)
+        ops += self._repeat_kv(n, num, backward=True)
         return self._tag([*ops, self._qkv_grad_pack(n, num)])
 
     def io_bytes(self, n: int, num: Numerics) -> float:
@@ -105,9 +126,13 @@ class Attention(Layer):
         saved = self.io_bytes(n, num)
         if not self.fused:
             scores = n * self.heads * self.seq**2
-            # softmax output, and with dropout its bool mask and the dropped probabilities that
-            # the AV product keeps (5 bytes an element in fp16, Korthikanti et al. 2022)
-            kept = num.act_bytes + (num.act_bytes + 1 if self.dropout else 0)
+            # softmax's output, and with dropout its bool mask and the dropped probabilities
+            # that the AV product keeps (5 bytes an element in fp16, Korthikanti et al.
+            # 2022); under autocast the probabilities are fp32 and the product keeps its
+            # own 16-bit copy of them
+            kept = num.softmax_bytes + (1 if self.dropout else 0)
+            if self.dropout or num.softmax_bytes != num.act_bytes:
+                kept += num.act_bytes
             saved += scores * kept
         else:
             saved += n * self.heads * self.seq * 4  # fp32 log-sum-exp per row
@@ -163,15 +188,27 @@ class CrossEntropy(Layer):
 
     classes: int
     rows: int = 1
+    # False: the loss runs on 16-bit logits as they come (a stack that calls cross_entropy
+    # without .float() first, outside autocast), keeping 16-bit log-probabilities.
+    upcast: bool = True
+    # Cross-entropy taken a chunk at a time (``chunks`` of the batch's rows, or chunks of
+    # ``chunk_rows`` rows), each chunk's backward before the next: one chunk's gradients
+    # are alive at once.
+    chunks: int = 1
+    chunk_rows: int = 0
 
     @property
     def out_elements(self) -> int:
         return 1
 
+    def _type(self, num: Numerics) -> int:
+        """Bytes per element the loss computes and keeps in."""
+        return DTYPE_BYTES["fp32"] if self.upcast else num.act_bytes
+
     def _cast_up(self, e: int, num: Numerics) -> list[Op]:
         """16-bit logits cast to fp32 before the loss (nothing for fp32 logits)."""
         f32 = DTYPE_BYTES["fp32"]
-        if num.act_bytes == f32:
+        if num.act_bytes == f32 or not self.upcast:
             return []
         return [Op(f"{self.name}.cast", "memory", 0.0, e * (num.act_bytes + f32), "fp32",
                    alloc_bytes=e * f32)]
@@ -179,7 +216,7 @@ class CrossEntropy(Layer):
     def _cast_down(self, e: int, num: Numerics) -> list[Op]:
         """The fp32 gradient of the logits cast back to their type."""
         f32 = DTYPE_BYTES["fp32"]
-        if num.act_bytes == f32:
+        if num.act_bytes == f32 or not self.upcast:
             return []
         return [Op(f"{self.name}.cast_bwd", "memory", 0.0, e * (f32 + num.act_bytes), "fp32",
                    alloc_bytes=e * num.act_bytes)]
@@ -187,7 +224,7 @@ class CrossEntropy(Layer):
     def forward(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
         e = rows * self.classes
-        f32 = DTYPE_BYTES["fp32"]
+        f32 = self._type(num)
         return self._tag([*self._cast_up(e, num),
                           memory_op(f"{self.name}.log_softmax", e, e, f32, 5.0),
                           memory_op(f"{self.name}.nll", rows, 1, f32)])
@@ -195,7 +232,7 @@ class CrossEntropy(Layer):
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
         e = rows * self.classes
-        f32 = DTYPE_BYTES["fp32"]
+        f32 = self._type(num)
         return self._tag([memory_op(f"{self.name}.nll_bwd", rows, e, f32, 0.0),
                           memory_op(f"{self.name}.log_softmax_bwd", 2 * e, e, f32, 2.0),
                           *self._cast_down(e, num)])
@@ -224,4 +261,12 @@ class CrossEntropy(Layer):
                           *self._cast_down(e, num)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
-        return n * self.rows * self.classes * DTYPE_BYTES["fp32"]
+        return n * self.rows * self.classes * self._type(num)
+
+    def transient_bytes(self, n: int, num: Numerics) -> float:
+        """In backward, the likelihood's gradient (a logits-sized tensor, zero but one entry
+        a row) and the log-softmax's gradient are alive together, in the loss's type, for
+        one chunk of rows at a time."""
+        rows = n * self.rows
+        chunks = max(self.chunks, -(-rows // self.chunk_rows) if self.chunk_rows else 1)
+        return 2.0 * rows * self.classes * self._type(num) / min(chunks, rows)

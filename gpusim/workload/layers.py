@@ -70,6 +70,11 @@ class Layer(ABC):
         """Bytes this layer keeps from forward until its backward runs."""
         return 0.0
 
+    def transient_bytes(self, n: int, num: Numerics) -> float:
+        """Bytes alive only while this layer runs: its output and, in backward, that
+        output's gradient."""
+        return 2.0 * n * self.out_elements * num.act_bytes
+
     def _tag(self, ops: list[Op]) -> list[Op]:
         return [replace(o, layer=self.name) for o in ops]
 
@@ -234,6 +239,10 @@ class Elementwise(Layer):
     args: tuple[int, ...] = ()
     inplace: bool = False  # writes over its input: no new tensor
     mask: float = 0.0  # one-byte mask elements written in forward, read in backward (dropout)
+    # A norm written as separate ops that upcast a 16-bit input to fp32 (UPCAST_NORM_PASSES):
+    # "cast_back" multiplies its weight after casting back (keeps an fp32 copy of the input
+    # and the 16-bit normalized tensor), "fp32_weight" before (keeps both in fp32).
+    upcast: str = ""
 
     def tensor_sizes(self) -> list[int]:
         if self.op in ("batch_norm", "layer_norm"):  # weight and bias
@@ -255,8 +264,15 @@ class Elementwise(Layer):
             return "batch_norm_native"
         return self.op
 
+    def _upcasts(self, num: Numerics) -> bool:
+        return bool(self.upcast) and num.act_bytes < DTYPE_BYTES["fp32"]
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
         e = n * self.elements
+        if self._upcasts(num):
+            return self._tag([replace(memory_op(
+                f"{self.name}.fwd", UPCAST_NORM_PASSES[0] * e, UPCAST_NORM_PASSES[1] * e,
+                num.act_bytes, self.flops_per_element), family=self.family(num))])
         op = memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e, num.act_bytes,
                        self.flops_per_element, allocates=not self.inplace,
                        mask_written=self.mask * e)
@@ -270,13 +286,28 @@ class Elementwise(Layer):
         if not self.has_backward_kernel:
             return []
         e = n * self.elements
+        if self._upcasts(num):
+            return self._tag([replace(memory_op(
+                f"{self.name}.bwd", UPCAST_NORM_PASSES[2] * e, UPCAST_NORM_PASSES[3] * e,
+                num.act_bytes, 2 * self.flops_per_element), family=self.family(num))])
         op = memory_op(f"{self.name}.bwd", self.bwd_reads * e, self.bwd_writes * e,
                        num.act_bytes, 2 * self.flops_per_element, mask_read=self.mask * e)
         return self._tag([replace(op, family=self.family(num), parallel_units=self._units)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
+        if self._upcasts(num):  # the fp32 copy of its input, and the normalized tensor
+            normalized = DTYPE_BYTES["fp32"] if self.upcast == "fp32_weight" else num.act_bytes
+            return n * self.elements * (DTYPE_BYTES["fp32"] + normalized)
         size = self.saved_element_bytes or num.act_bytes
         return self.saves * n * self.elements * size
+
+
+# An RMS norm written as PyTorch ops that upcast (x.float(), pow, mean, rsqrt, multiply,
+# cast back, times the weight: Hugging Face's LlamaRMSNorm and the frameworks that copy it),
+# counted op by op on a 16-bit input: (forward reads, forward writes, backward reads,
+# backward writes) in passes over a 16-bit tensor. On an fp32 input (autocast's residual
+# stream) the casts do nothing and it keeps what a fused norm keeps.
+UPCAST_NORM_PASSES = (10.0, 8.0, 21.0, 12.0)
 
 
 def relu(name: str, elements: int, *, block: str = "", inplace: bool = False) -> Elementwise:
@@ -290,10 +321,12 @@ def gelu(name: str, elements: int, *, block: str = "") -> Elementwise:
     return Elementwise(name, elements, flops_per_element=8, block=block, op="gelu")
 
 
-def swiglu(name: str, elements: int, *, block: str = "") -> Elementwise:
-    """silu(a) * b on two inputs of ``elements`` each, one output."""
-    return Elementwise(name, elements, reads=2, bwd_reads=3, bwd_writes=2, saves=2,
-                       flops_per_element=6, block=block, op="swiglu")
+def swiglu(name: str, elements: int, *, block: str = "", fused: bool = False) -> Elementwise:
+    """silu(a) * b on two inputs of ``elements`` each, one output. Written as PyTorch ops
+    (F.silu(a) * b) it keeps a for silu's backward and silu(a) and b for the product's;
+    a fused kernel (Megatron-LM's) keeps its two inputs."""
+    return Elementwise(name, elements, reads=2, bwd_reads=3, bwd_writes=2,
+                       saves=2 if fused else 3, flops_per_element=6, block=block, op="swiglu")
 
 
 def dropout(name: str, elements: int, *, block: str = "") -> Elementwise:

@@ -25,10 +25,17 @@ class Numerics:
     matmul: str = "fp32"
     conv: str = "fp32"
     activation: str = "fp32"
+    # The type attention's softmax keeps its probabilities in ("": the activation type;
+    # autocast runs softmax in fp32).
+    softmax: str = ""
 
     @property
     def act_bytes(self) -> int:
         return DTYPE_BYTES[self.activation]
+
+    @property
+    def softmax_bytes(self) -> int:
+        return DTYPE_BYTES[self.softmax or self.activation]
 
     @property
     def gemm_operand_bytes(self) -> int:

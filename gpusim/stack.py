@@ -1,0 +1,131 @@
+"""Software stacks: how a framework writes a model's layers, which decides what they keep for
+backward and which kernels they run.
+
+Stacks are data, like hardware: one YAML file per stack under ``stacks/`` at the top of the
+repository, every choice with its source in the framework's code. ``--stack NAME`` (or a
+YAML file) applies one; the default, ``pytorch``, is the model written with current PyTorch's
+own modules, as the project's measurement runner writes it. Issue 15 grows the list of
+choices (attention kernel, optimizer, fusion, compile); these are the ones memory needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpusim.errors import InvalidConfig, UnknownName
+from gpusim.hardware.catalog import format_validation_error, read_yaml
+from gpusim.workload.attention import Attention, CrossEntropy
+from gpusim.workload.layers import Elementwise, Layer
+from gpusim.workload.model import Model
+
+DEFAULT_STACK = "pytorch"
+CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer")
+
+
+class Stack(BaseModel):
+    """The implementation choices of one framework; ``sources`` names, for each choice, where
+    in the framework's code it is made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    full_name: str
+    description: str = ""
+    # upcast: x.float(), normalize, cast back, times the weight, as separate ops;
+    # upcast_fp32_weight: the same with the weight multiplied in fp32 before the cast back
+    rms_norm: Literal["fused", "upcast", "upcast_fp32_weight"] = "fused"
+    # expanded: grouped K and V copied out to every query head before attention
+    kv_heads: Literal["native", "expanded"] = "native"
+    # unfused: F.silu(a) * b as two ops; fused: one kernel that keeps its inputs only
+    swiglu: Literal["unfused", "fused"] = "unfused"
+    # upcast: logits cast to fp32 before cross-entropy (fp32 log-probabilities kept);
+    # native: cross-entropy on the 16-bit logits
+    loss: Literal["upcast", "native"] = "upcast"
+    # cross-entropy a chunk at a time: this many chunks, or chunks of this many tokens
+    loss_chunks: int = Field(1, ge=1)
+    loss_chunk_tokens: int = Field(0, ge=0)
+    # to_none: zero_grad() frees the gradients each step (PyTorch 2's default); zeros:
+    # they stay allocated, zeroed (PyTorch 1's default, or a framework's own buffers)
+    zero_grad: Literal["to_none", "zeros"] = "to_none"
+    # the optimizer's implementation: foreach (torch.optim's default on GPUs) computes over
+    # all parameters at once and allocates a temporary of their size; fused and per_tensor
+    # (a Python loop over parameters) allocate nothing of that size
+    optimizer: Literal["foreach", "fused", "per_tensor"] = "foreach"
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_choice_has_a_source(self) -> Stack:
+        missing = [c for c in CHOICES if c not in self.sources]
+        if missing:
+            raise ValueError(f"sources must cite where each choice comes from; missing "
+                             f"{', '.join(missing)}")
+        return self
+
+    def describe(self) -> str:
+        return (f"{self.full_name} stack: RMS norm {self.rms_norm.replace('_', ' ')}, "
+                f"grouped K/V {self.kv_heads}, SwiGLU {self.swiglu}, loss on "
+                f"{'fp32' if self.loss == 'upcast' else '16-bit'} logits, gradients "
+                f"{'freed' if self.zero_grad == 'to_none' else 'kept'} between steps, "
+                f"{self.optimizer.replace('_', '-')} optimizer")
+
+
+def stacks_dir() -> Path:
+    """Where the shipped stacks live; ``GPUSIM_STACKS_DIR`` overrides it."""
+    override = os.environ.get("GPUSIM_STACKS_DIR")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[1] / "stacks"
+
+
+def stack_names() -> list[str]:
+    return sorted(p.stem for p in stacks_dir().glob("*.yaml"))
+
+
+@functools.cache
+def default_stack() -> Stack:
+    return load_stack(DEFAULT_STACK)
+
+
+def load_stack(name: str | Stack | None = None) -> Stack:
+    """A stack by name (``stacks/<name>.yaml``) or from a YAML file path."""
+    if isinstance(name, Stack):
+        return name
+    name = name or DEFAULT_STACK
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml"):
+        path = stacks_dir() / f"{name}.yaml"
+        if not path.is_file():
+            raise UnknownName(f"unknown stack {name!r}; known: {', '.join(stack_names())} "
+                              f"(or give a stack YAML file)")
+    elif not path.is_file():
+        raise InvalidConfig(f"stack file {name} does not exist")
+    try:
+        return Stack(**read_yaml(path))
+    except ValidationError as exc:
+        raise InvalidConfig(format_validation_error(str(path), exc)) from exc
+
+
+def apply_stack(model: Model, stack: Stack) -> Model:
+    """``model`` as ``stack`` writes its layers."""
+    layers = tuple(_layer(la, stack) for la in model.layers)
+    return replace(model, layers=layers)
+
+
+def _layer(layer: Layer, stack: Stack) -> Layer:
+    if isinstance(layer, Elementwise) and layer.op == "rms_norm":
+        upcast = {"fused": "", "upcast": "cast_back", "upcast_fp32_weight": "fp32_weight"}
+        return replace(layer, upcast=upcast[stack.rms_norm])
+    if isinstance(layer, CrossEntropy):
+        return replace(layer, upcast=stack.loss == "upcast", chunks=stack.loss_chunks,
+                       chunk_rows=stack.loss_chunk_tokens)
+    if isinstance(layer, Elementwise) and layer.op == "swiglu":
+        return replace(layer, saves=2 if stack.swiglu == "fused" else 3)
+    if isinstance(layer, Attention):
+        return replace(layer, expand_kv=stack.kv_heads == "expanded")
+    return layer

@@ -1,0 +1,221 @@
+"""Software stacks (stacks/*.yaml): how a framework writes the layers decides what they keep
+for backward; each choice is checked against the bytes PyTorch's autograd really saves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpusim.errors import InvalidConfig, UnknownName
+from gpusim.estimate import build_job, estimate
+from gpusim.hardware.profile import GPUProfile
+from gpusim.plan.job import TrainingJob
+from gpusim.plan.lower import microbatch_ops
+from gpusim.plan.memory import activations_by_layer, memory_plan
+from gpusim.stack import CHOICES, apply_stack, load_stack, stack_names
+from gpusim.validate.published_memory import load_cases
+from gpusim.workload import zoo
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+
+# Small Llama-style dimensions for the autograd comparison (GQA 8 heads over 2 groups).
+H, HEADS, KV, FFN, SEQ, BATCH = 256, 8, 2, 704, 128, 2
+
+
+def _small_llama(stack: str):  # type: ignore[no-untyped-def]
+    cfg = TransformerConfig(name="small", layers=2, hidden=H, heads=HEADS, kv_heads=KV,
+                            ffn_hidden=FFN, vocab=1000, seq_len=SEQ, norm="rmsnorm",
+                            activation="swiglu", positions="rotary", tied_embeddings=False,
+                            bias=False)
+    return apply_stack(build_transformer(cfg), load_stack(stack))
+
+
+def _block_bytes_per_token(h100: GPUProfile, stack: str) -> float:
+    job = TrainingJob(_small_llama(stack), h100, BATCH, "bf16", pure_bf16=True,
+                      loader_workers=0)
+    kept, _ = activations_by_layer(job)
+    return sum(v for k, v in kept.items() if k.startswith("h.1.")) / (BATCH * SEQ)
+
+
+@pytest.mark.parametrize("name", stack_names())
+def test_every_stack_loads_and_cites_every_choice(name: str) -> None:
+    stack = load_stack(name)
+    assert set(CHOICES) <= set(stack.sources)
+    assert all(len(text) > 20 for text in stack.sources.values())
+
+
+def test_unknown_stacks_and_unsourced_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(UnknownName, match="hf-transformers"):
+        load_stack("no-such-stack")
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("name: mine\nfull_name: Mine\nrms_norm: upcast\nsources: {}\n")
+    with pytest.raises(InvalidConfig, match="sources"):
+        load_stack(str(bad))
+    mine = tmp_path / "ok.yaml"
+    lines = "".join(f"  {c}: my framework's code, file and function\n" for c in CHOICES)
+    mine.write_text(f"name: ok\nfull_name: Mine\nrms_norm: upcast\nsources:\n{lines}")
+    assert load_stack(str(mine)).rms_norm == "upcast"
+
+
+def test_a_stack_changes_what_a_block_keeps(h100: GPUProfile) -> None:
+    """Per token of one block, in units of the hidden size: the upcasting norms keep an fp32
+    copy (4) and the 16-bit normalized tensor (2) where a fused one keeps its input (2);
+    expanded K and V take 2 each instead of 0.5; an unfused SwiGLU keeps gate, silu(gate)
+    and up (3 x 5.5)."""
+    hf = _block_bytes_per_token(h100, "hf-transformers") / H
+    pt = _block_bytes_per_token(h100, "pytorch") / H
+    mega = _block_bytes_per_token(h100, "megatron") / H
+    assert hf - pt == pytest.approx(2 * 4 + 2 * 1.5)  # norms, then K and V
+    assert pt - mega == pytest.approx(5.5)  # the fused SwiGLU keeps its two inputs only
+
+
+def test_hf_block_matches_what_pytorch_autograd_saves(h100: GPUProfile) -> None:
+    """The same block written as Hugging Face writes it, run in real PyTorch (CPU, bf16),
+    with every tensor autograd saves counted once. gpusim keeps 2 bytes a token per hidden
+    unit more: the attention output's merge into the projection's layout, a copy under the
+    cuDNN kernel (seen in the H100 profiles) that FlashAttention's output layout avoids."""
+    torch = pytest.importorskip("torch")
+    measured = _autograd_block_bytes(torch) / (BATCH * SEQ)
+    predicted = _block_bytes_per_token(h100, "hf-transformers")
+    assert predicted - measured == pytest.approx(2 * H, rel=0.02)
+
+
+def _autograd_block_bytes(torch):  # type: ignore[no-untyped-def]
+    nn, functional = torch.nn, torch.nn.functional
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    hd = H // HEADS
+
+    def linear(i: int, o: int):  # type: ignore[no-untyped-def]
+        return nn.Linear(i, o, bias=False).to(bf16)
+
+    w_norm1 = nn.Parameter(torch.ones(H, dtype=bf16))
+    w_norm2 = nn.Parameter(torch.ones(H, dtype=bf16))
+    q_p, k_p, v_p, o_p = linear(H, H), linear(H, KV * hd), linear(H, KV * hd), linear(H, H)
+    w1, w3, w2 = linear(H, FFN), linear(H, FFN), linear(FFN, H)
+    cos, sin = torch.randn(SEQ, hd, dtype=bf16), torch.randn(SEQ, hd, dtype=bf16)
+
+    def norm(x, w):  # type: ignore[no-untyped-def]  # upcast, normalize, cast back, weight
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * x32.to(bf16)
+
+    def rope(x):  # type: ignore[no-untyped-def]
+        a, b = x.chunk(2, -1)
+        return x * cos + torch.cat((-b, a), -1) * sin
+
+    def heads(y, n):  # type: ignore[no-untyped-def]
+        return y.view(BATCH, SEQ, n, hd).transpose(1, 2)
+
+    def block(x):  # type: ignore[no-untyped-def]
+        y = norm(x, w_norm1)
+        q, k, v = heads(q_p(y), HEADS), heads(k_p(y), KV), heads(v_p(y), KV)
+        q, k = rope(q), rope(k)
+        k = k.repeat_interleave(HEADS // KV, 1)
+        v = v.repeat_interleave(HEADS // KV, 1)
+        a = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + o_p(a.transpose(1, 2).reshape(BATCH, SEQ, H))
+        y = norm(x, w_norm2)
+        return x + w2(functional.silu(w1(y)) * w3(y))
+
+    skip = {t.untyped_storage().data_ptr() for t in
+            [w_norm1, w_norm2, cos, sin] + [m.weight for m in (q_p, k_p, v_p, o_p, w1, w3, w2)]}
+    seen: dict[int, int] = {}
+
+    def pack(t):  # type: ignore[no-untyped-def]
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    x = torch.randn(BATCH, SEQ, H, dtype=bf16, requires_grad=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    return float(sum(seen.values()))
+
+
+def test_expanded_kv_copies_k_and_v_out_and_back(h100: GPUProfile) -> None:
+    job = TrainingJob(_small_llama("hf-transformers"), h100, 2, "bf16", loader_workers=0)
+    names = {op.name.rsplit(".", 1)[-1] for op in microbatch_ops(job)}
+    assert {"repeat_kv", "repeat_kv_grad"} <= names
+    native = TrainingJob(_small_llama("pytorch"), h100, 2, "bf16", loader_workers=0)
+    assert "repeat_kv" not in {op.name.rsplit(".", 1)[-1] for op in microbatch_ops(native)}
+
+
+def test_the_loss_follows_the_stack(h100: GPUProfile) -> None:
+    """LitGPT's cross-entropy on bf16 logits keeps half what an fp32 loss keeps, and
+    torchtune's 8 chunks hold an eighth of the loss's gradients at once."""
+    def plan(stack: str):  # type: ignore[no-untyped-def]
+        model = apply_stack(zoo.get("llama3-8b", seq_len=1024), load_stack(stack))
+        return model.layers[-1], TrainingJob(model, h100, 2, "bf16", pure_bf16=True)
+
+    lit, job = plan("litgpt")
+    ref, _ = plan("pytorch")
+    tune, _ = plan("torchtune")
+    num = job.numerics()
+    assert lit.saved_bytes(2, num) == pytest.approx(ref.saved_bytes(2, num) / 2)
+    assert tune.transient_bytes(2, num) == pytest.approx(ref.transient_bytes(2, num) / 8)
+
+
+def test_gradients_kept_between_steps_count_at_the_backward_pass(h100: GPUProfile) -> None:
+    model = zoo.get("gpt2")
+    freed = memory_plan(TrainingJob(model, h100, 4, "bf16", stack=load_stack("pytorch")))
+    kept = memory_plan(TrainingJob(model, h100, 4, "bf16",
+                                   stack=load_stack("hf-transformers-2022")))
+    assert freed.peak_phase == kept.peak_phase == "backward"
+    assert kept.peak_bytes - freed.peak_bytes == pytest.approx(freed.gradients)
+
+
+def test_the_optimizer_step_can_be_the_peak(h100: GPUProfile) -> None:
+    """The project's H100 run of four Llama-3-8B blocks peaked at 35.88 GiB at microbatch
+    1 and 2 alike (measurements/h100-sxm/models.json): the foreach Adam step (weights,
+    gradients, states and one sqrt temporary), not the backward pass."""
+    spec = TransformerConfig(name="llama-blocks", layers=4, hidden=4096, heads=32, kv_heads=8,
+                             ffn_hidden=14336, vocab=128256, seq_len=2048, norm="rmsnorm",
+                             activation="swiglu", positions="rotary", tied_embeddings=False,
+                             bias=False)
+    peaks = []
+    for batch in (1, 2):
+        plan = memory_plan(TrainingJob(build_transformer(spec), h100, batch, "bf16",
+                                       loader_workers=0))
+        assert plan.peak_phase == "optimizer"
+        peaks.append(plan.peak_bytes / 2**30)
+    assert peaks[0] == peaks[1] == pytest.approx(35.88, rel=0.02)
+
+
+def test_ddp_keeps_a_bucket_copy_of_the_gradients_megatron_does_not() -> None:
+    def mem(**kw: object):  # type: ignore[no-untyped-def]
+        from gpusim.plan.memory_report import memory_report
+
+        job, _ = build_job("gpt2", "h100-sxm", 16, precision="bf16", num_gpus=8,
+                           system="dgx-h100", **kw)  # type: ignore[arg-type]
+        return memory_report(job).plan
+
+    ddp = mem()
+    assert ddp.communication_buffers == pytest.approx(ddp.gradients)
+    assert mem(zero=3).communication_buffers == 0
+
+
+def test_the_stack_is_named_in_the_assumptions() -> None:
+    est = estimate("llama3-8b", "h100-sxm", 1, precision="bf16", seq_len=1024,
+                   pure_bf16=True, stack="torchtune")
+    assert est.assumptions[0].startswith("torchtune stack")
+
+
+# Published measured peaks (published/peak_memory.yaml; benchmarks/memory.py prints them).
+# As of this commit: 15 of 64 cases expressible, mean error 3.2%, largest 8.8% (BERT-large
+# fp16 under HF Trainer on a V100, nvidia-smi); the issue's target is 10% on every case.
+PUBLISHED_MEAN_ERROR = 0.05
+PUBLISHED_MAX_ERROR = 0.10
+
+
+def test_published_peak_memories_within_budget_and_never_refused() -> None:
+    cases = [c for c in load_cases() if c.job is not None]
+    assert len(cases) >= 15
+    errors = [abs(c.predicted_gib() / c.measured_gib - 1) for c in cases]
+    assert sum(errors) / len(errors) <= PUBLISHED_MEAN_ERROR
+    assert max(errors) <= PUBLISHED_MAX_ERROR
+    assert all(c.fits() for c in cases)  # each trained, so none may be refused
