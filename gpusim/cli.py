@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -407,6 +408,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **cli_compare.HANDLERS, **cli_scaling.HANDLERS}
     try:
         return handlers[args.command](args)
+    except BrokenPipeError:
+        # The reader stopped early (| head): nothing more to say, and nothing to flush at
+        # exit either (the recipe in Python's signal documentation).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OutOfMemory as exc:
         print(f"gpusim: error: {exc.message(cli=True)}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpusim.data import data_dir
 from gpusim.errors import InvalidConfig, UnknownName
 from gpusim.hardware.catalog import format_validation_error, read_yaml
 from gpusim.workload.attention import Attention, CrossEntropy
@@ -80,7 +81,7 @@ def stacks_dir() -> Path:
     override = os.environ.get("GPUSIM_STACKS_DIR")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[1] / "stacks"
+    return data_dir("stacks")
 
 
 def stack_names() -> list[str]:

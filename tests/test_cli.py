@@ -142,3 +142,19 @@ def test_installed_entry_point_runs() -> None:
     done = subprocess.run([sys.executable, "-m", "gpusim.cli", "models", "list"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "resnet50" in done.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """`gpusim models show gpt3-175b | head -1`: the pipe closes after one line (the
+    listing of 96 blocks overflows the pipe's buffer, so the writer sees it)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpusim", "models", "show", "gpt3-175b"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # as head does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err

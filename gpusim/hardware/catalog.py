@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import ValidationError
 
+from gpusim.data import data_dir
 from gpusim.errors import InvalidProfile, UnknownHardware
 from gpusim.hardware.profile import (
     CPUProfile,
@@ -45,7 +46,7 @@ def profiles_dir() -> Path:
     override = os.environ.get("GPUSIM_PROFILES_DIR")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "hardware_profiles"
+    return data_dir("hardware_profiles")
 
 
 def normalize(name: str) -> str:

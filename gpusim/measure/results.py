@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpusim.data import data_dir
 from gpusim.errors import InvalidMeasurement
 
 SCHEMA_VERSION = 1
@@ -56,8 +57,8 @@ def find(root: str | Path, suite: str, device: str | None = None) -> list[Path]:
 
 
 def measurements_dir() -> Path:
-    """The repository's measurements/ folder (beside hardware_profiles/)."""
-    return Path(__file__).resolve().parents[2] / "measurements"
+    """The shipped measurements/ folder (beside hardware_profiles/)."""
+    return data_dir("measurements")
 
 
 def display_path(path: str | Path) -> str:

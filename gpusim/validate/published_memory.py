@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gpusim.data import data_dir
 from gpusim.errors import GpusimError
 from gpusim.estimate import build_job
 from gpusim.explore.values import with_fields
@@ -30,7 +31,7 @@ from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
-CASES_FILE = Path(__file__).resolve().parents[2] / "published" / "peak_memory.yaml"
+CASES_FILE = data_dir("published") / "peak_memory.yaml"
 
 # GPU names as the sources write them -> (profile, memory GiB when it differs)
 GPUS: list[tuple[str, str, float | None]] = [
