@@ -6,14 +6,13 @@ Domain errors (unknown names, bad files, jobs that do not fit) print one line an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpusim import cli_compare, cli_explore, cli_scaling, cli_search, cli_validation, units
+from gpusim import cli_compare, cli_explore, cli_scaling, cli_search, cli_validation, numbers, units
 from gpusim.comm.topology import system_for_gpu
 from gpusim.errors import GpusimError, InvalidConfig, OutOfMemory
 from gpusim.estimate import build_job, estimate, resolve_model
@@ -60,12 +59,12 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--gpu",
                    help="GPU or CPU profile name or alias (gpusim profiles list), or a YAML "
                         "file; with --system, its GPU")
-    e.add_argument("--batch-size", type=int, required=True,
+    e.add_argument("--batch-size", type=numbers.count, required=True,
                    help="samples per optimizer step (the global batch over all GPUs)")
     e.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
-    e.add_argument("--seq-len", type=int, help="sequence length (language models)")
+    e.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
     tech = e.add_argument_group("training techniques")
-    tech.add_argument("--grad-accum", type=int, default=1,
+    tech.add_argument("--grad-accum", type=numbers.count, default=1,
                       help="microbatches per optimizer step (default 1)")
     tech.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     tech.add_argument("--recompute", "--checkpointing", dest="checkpointing", default="none",
@@ -83,22 +82,24 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                            "bf16")
     tech.add_argument("--freeze", default="",
                       help="comma-separated layer-name prefixes to freeze (e.g. embed,h.0)")
-    tech.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
+    tech.add_argument("--loader-workers", type=numbers.count0, default=DEFAULT_LOADER_WORKERS,
                       help="data-loader worker processes; 0 for synthetic data on the device")
     many = e.add_argument_group("many GPUs")
-    many.add_argument("--num-gpus", type=int, help="GPUs in the job (default 1)")
-    many.add_argument("--nodes", type=int, help="nodes of --system (instead of --num-gpus)")
+    many.add_argument("--num-gpus", type=numbers.count, help="GPUs in the job (default 1)")
+    many.add_argument("--nodes", type=numbers.count,
+                      help="nodes of --system (instead of --num-gpus)")
     many.add_argument("--system", help="node design (gpusim profiles list), e.g. dgx-h100; "
                                        "default: one built around --gpu")
-    many.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    many.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
-    many.add_argument("--dp", type=int, help="data-parallel size (default: GPUs / (TP x PP))")
-    many.add_argument("--microbatch-size", type=int,
+    many.add_argument("--tp", type=numbers.count, default=1, help="tensor-parallel size")
+    many.add_argument("--pp", type=numbers.count, default=1, help="pipeline-parallel stages")
+    many.add_argument("--dp", type=numbers.count,
+                      help="data-parallel size (default: GPUs / (TP x PP))")
+    many.add_argument("--microbatch-size", type=numbers.count,
                       help="samples per GPU per forward pass (default: batch / (DP x "
                            "grad-accum))")
     many.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
                       help="pipeline schedule (default 1f1b)")
-    many.add_argument("--virtual-stages", type=int, default=1,
+    many.add_argument("--virtual-stages", type=numbers.count, default=1,
                       help="model chunks per stage for --schedule interleaved")
     many.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES,
                       help="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also "
@@ -110,7 +111,7 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                            "during it")
     dims = e.add_argument_group("transformer dimensions (with --model transformer)")
     for name in _DIMENSIONS:
-        dims.add_argument(f"--{name.replace('_', '-')}", type=int)
+        dims.add_argument(f"--{name.replace('_', '-')}", type=numbers.count)
     return many
 
 
@@ -133,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument("--slow-link", metavar="RANK:FACTOR",
                       help="one slow link: every transfer and collective of that rank takes "
                            "FACTOR times as long (implies --per-rank)")
-    many.add_argument("--comm-slowdown", type=float, default=0.0, metavar="FRACTION",
+    many.add_argument("--comm-slowdown", type=numbers.fraction, default=0.0, metavar="FRACTION",
                       help="kernels run this fraction slower while a data-parallel collective "
                            "runs beside them, e.g. 0.1 (default 0: no interference)")
     out = e.add_argument_group("output")
@@ -172,8 +173,8 @@ def _parser() -> argparse.ArgumentParser:
     ml.add_argument("--json", action="store_true")
     ms = msub.add_parser("show", help="one model: layers, parameters, FLOPs, memory")
     ms.add_argument("name", help="zoo name or model YAML file")
-    ms.add_argument("--seq-len", type=int)
-    ms.add_argument("--batch-size", type=int, default=1,
+    ms.add_argument("--seq-len", type=numbers.count)
+    ms.add_argument("--batch-size", type=numbers.count, default=1,
                     help="batch for the activation-memory figure (default 1)")
     ms.add_argument("--json", action="store_true")
     cli_validation.add_parsers(sub)
@@ -253,7 +254,7 @@ def _estimate(args: argparse.Namespace) -> int:
         result.step.trace.write_chrome(args.trace)
     _figures(args, result, model, frozen)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(numbers.dumps(result.to_json(), indent=2))
     else:
         print(result.summary())
         for label, path in (("trace", args.trace), ("plot", args.plot),
@@ -266,7 +267,7 @@ def _estimate(args: argparse.Namespace) -> int:
 def _memory(args: argparse.Namespace) -> int:
     job, _ = build_job(**_job_options(args))
     report = memory_report(job)
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
+    print(numbers.dumps(report.to_json(), indent=2) if args.json else report.summary())
     return 0
 
 
@@ -314,7 +315,7 @@ def _profiles(args: argparse.Namespace) -> int:
             return 0
         profile = load_profile_file(args.file)
         if args.json:
-            print(json.dumps({"ok": True, **profile.model_dump(mode="json")}, indent=2))
+            print(numbers.dumps({"ok": True, **profile.model_dump(mode="json")}, indent=2))
         else:
             print(f"{args.file}: ok ({profile.kind} {profile.name!r})")
         return 0
@@ -323,7 +324,7 @@ def _profiles(args: argparse.Namespace) -> int:
         found = cat.find(args.name)
         data = found.model_dump(mode="json")
         if args.json:
-            print(json.dumps(data, indent=2))
+            print(numbers.dumps(data, indent=2))
         else:
             sources = data.pop("sources", {})
             for key, value in data.items():
@@ -336,7 +337,7 @@ def _profiles(args: argparse.Namespace) -> int:
                         *cat.all(SystemProfile)]
     rows = [_profile_row(p) for p in every]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(numbers.dumps(rows, indent=2))
         return 0
     print(f"{'name':18s} {'kind':7s} {'memory':>10s} {'bandwidth':>12s} {'peak':>12s}  full name")
     for r in rows:
@@ -366,7 +367,7 @@ def _models(args: argparse.Namespace) -> int:
     if args.action == "list":
         rows = [_model_info(zoo.get(name), 1) for name in zoo.names()]
         if args.json:
-            print(json.dumps(rows, indent=2))
+            print(numbers.dumps(rows, indent=2))
             return 0
         print(f"{'name':14s} {'parameters':>12s} {'fwd FLOPs/sample':>18s}  description")
         for r in rows:
@@ -384,7 +385,7 @@ def _models(args: argparse.Namespace) -> int:
         for lay in model.layers
     ]
     if args.json:
-        print(json.dumps({**info, "layer_list": layers}, indent=2))
+        print(numbers.dumps({**info, "layer_list": layers}, indent=2))
         return 0
     print(f"{model.name}: {model.description}")
     params = model.parameters

@@ -4,13 +4,12 @@ with --budget-usd, the best set of GPUs a budget buys."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpusim import units
+from gpusim import numbers, units
 from gpusim.cli_explore import add_run_length_flags
 from gpusim.errors import InvalidConfig
 from gpusim.explore.compare import SORT_KEYS, Comparison, budget, compare
@@ -33,35 +32,38 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--model", required=True, help="zoo name or model YAML file")
     c.add_argument("--gpus", required=True,
                    help="comma-separated GPU or CPU profiles, or 'all-gpus'")
-    c.add_argument("--num-gpus", type=int, default=1, help="devices of each kind (default 1)")
-    c.add_argument("--batch-size", type=int,
+    c.add_argument("--num-gpus", type=numbers.count, default=1,
+                   help="devices of each kind (default 1)")
+    c.add_argument("--batch-size", type=numbers.count,
                    help="global batch per step, the same for every device (default: 16 "
                         "sequences or 128 samples per device)")
     c.add_argument("--precision", default="auto", choices=("auto", *TRAINING_PRECISIONS),
                    help="auto (default): bf16 where the device's matrix units take it, else "
                         "fp16, else fp32")
     add_run_length_flags(c)
-    c.add_argument("--seq-len", type=int, help="sequence length (language models)")
+    c.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
     c.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     c.add_argument("--recompute", "--checkpointing", dest="checkpointing", metavar="MODE",
                    help="fix the recompute mode (default: the fastest that fits, one device)")
-    c.add_argument("--loader-workers", type=int,
+    c.add_argument("--loader-workers", type=numbers.count0,
                    help="data-loader workers per device (default 8; 0: synthetic data)")
     c.add_argument("--sort", default="time", choices=SORT_KEYS,
                    help="rank by time to train, cloud cost, cost to own or energy")
     own = c.add_argument_group("cost to own")
-    own.add_argument("--electricity-usd-per-kwh", type=float, default=ELECTRICITY_USD_PER_KWH)
-    own.add_argument("--pue", type=float, default=PUE, help="facility power over IT power")
-    own.add_argument("--lifetime-years", type=float, default=LIFETIME_YEARS,
+    own.add_argument("--electricity-usd-per-kwh", type=numbers.nonnegative,
+                     default=ELECTRICITY_USD_PER_KWH)
+    own.add_argument("--pue", type=numbers.positive, default=PUE,
+                     help="facility power over IT power")
+    own.add_argument("--lifetime-years", type=numbers.positive, default=LIFETIME_YEARS,
                      help="years the purchase is spread over")
-    own.add_argument("--utilization", type=float, default=1.0,
+    own.add_argument("--utilization", type=numbers.share, default=1.0,
                      help="share of the lifetime the hardware is busy (default 1)")
-    own.add_argument("--host-usd-per-gpu", type=float, default=0.0,
+    own.add_argument("--host-usd-per-gpu", type=numbers.nonnegative, default=0.0,
                      help="servers, network and racks per device (default 0: devices only)")
     buy = c.add_argument_group("buying advice")
-    buy.add_argument("--budget-usd", type=float,
+    buy.add_argument("--budget-usd", type=numbers.positive,
                      help="buy as many of each GPU as this budget allows (powers of two)")
-    buy.add_argument("--max-gpus", type=int, default=64,
+    buy.add_argument("--max-gpus", type=numbers.count, default=64,
                      help="the most devices of one kind to consider (default 64)")
     out = c.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
@@ -163,7 +165,7 @@ def run_compare(args: argparse.Namespace) -> int:
                        progress=_Progress(), **options)
     first = next((r.result for r in rows if r.result is not None), None)
     if args.json:
-        print(json.dumps({"model": first.model if first else args.model,
+        print(numbers.dumps({"model": first.model if first else args.model,
                           "batch_size": first.batch_size if first else args.batch_size,
                           "budget_usd": args.budget_usd, "sort": args.sort,
                           "pricing": pricing.model_dump(), "why": why,

@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from gpusim import numbers
 from gpusim.errors import InvalidConfig
 from gpusim.explore import values
 from gpusim.explore.sweep import METRICS, SweepResult, sweep
@@ -27,10 +28,11 @@ _TABLE_ROWS = 50  # longer sweeps print their best points only; the file has the
 def add_run_length_flags(p: argparse.ArgumentParser) -> None:
     """--epochs/--dataset-size, --tokens or --steps: how long the run is."""
     length = p.add_argument_group("run length (one of; default one step)")
-    length.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
-    length.add_argument("--dataset-size", type=int, help="samples per epoch")
-    length.add_argument("--tokens", type=float, help="training tokens (language models)")
-    length.add_argument("--steps", type=int, help="optimizer steps")
+    length.add_argument("--epochs", type=numbers.positive,
+                        help="epochs over --dataset-size samples")
+    length.add_argument("--dataset-size", type=numbers.count, help="samples per epoch")
+    length.add_argument("--tokens", type=numbers.positive, help="training tokens (language models)")
+    length.add_argument("--steps", type=numbers.count, help="optimizer steps")
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -38,16 +40,16 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     instead, and a flag left out takes estimate()'s default."""
     p.add_argument("--model", help="zoo name (gpusim models list) or a model YAML file")
     p.add_argument("--gpu", help="GPU or CPU profile name or alias, or a YAML file")
-    p.add_argument("--batch-size", type=int, help="samples per optimizer step")
+    p.add_argument("--batch-size", type=numbers.count, help="samples per optimizer step")
     p.add_argument("--precision", choices=TRAINING_PRECISIONS)
     add_run_length_flags(p)
-    p.add_argument("--seq-len", type=int, help="sequence length (language models)")
+    p.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
     tech = p.add_argument_group("training techniques")
-    tech.add_argument("--grad-accum", type=int, help="microbatches per optimizer step")
+    tech.add_argument("--grad-accum", type=numbers.count, help="microbatches per optimizer step")
     tech.add_argument("--optimizer", choices=OPTIMIZERS)
     tech.add_argument("--checkpointing", help="activation checkpointing (none, full, ...)")
     tech.add_argument("--freeze", help="comma-separated layer-name prefixes to freeze")
-    tech.add_argument("--loader-workers", type=int,
+    tech.add_argument("--loader-workers", type=numbers.count0,
                       help="data-loader worker processes; 0 for synthetic data on the device")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="any other estimate() keyword or gpu.FIELD, fixed (repeatable)")
@@ -89,7 +91,7 @@ def add_parsers(sub: Any) -> None:
                      choices=[m for m in METRICS if m not in ("fits", "error")],
                      help="what the plot and the table show (default step_time_s)")
     run = s.add_argument_group("where points run")
-    run.add_argument("--workers", type=int, help="local processes (default: every CPU)")
+    run.add_argument("--workers", type=numbers.count, help="local processes (default: every CPU)")
     run.add_argument("--executor", default="local", choices=("local", "dask", "ray"),
                      help="dask or ray: an existing cluster, whose workers have gpusim "
                           "installed (pip install dask[distributed] or ray here too)")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from gpusim import numbers
 from gpusim.errors import InvalidConfig
 from gpusim.explore.scaling import ScalingRow, scaling
 from gpusim.plan.job import (
@@ -36,23 +36,23 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--num-gpus", required=True, metavar="N,N,...",
                    help="comma-separated GPU counts, e.g. 1,2,4,8,16")
     batch = s.add_mutually_exclusive_group(required=True)
-    batch.add_argument("--batch-size-per-gpu", type=int,
+    batch.add_argument("--batch-size-per-gpu", type=numbers.count,
                        help="samples per GPU per step: weak scaling")
-    batch.add_argument("--batch-size", type=int,
+    batch.add_argument("--batch-size", type=numbers.count,
                        help="global samples per step at every count: strong scaling")
-    s.add_argument("--seq-len", type=int, help="sequence length (language models)")
+    s.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
     s.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     s.add_argument("--recompute", "--checkpointing", dest="checkpointing", default="none",
                    metavar="MODE", help=RECOMPUTE_HELP)
-    s.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    s.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
-    s.add_argument("--microbatch-size", type=int,
+    s.add_argument("--tp", type=numbers.count, default=1, help="tensor-parallel size")
+    s.add_argument("--pp", type=numbers.count, default=1, help="pipeline-parallel stages")
+    s.add_argument("--microbatch-size", type=numbers.count,
                    help="samples per GPU per forward pass (default: batch / DP)")
     s.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     s.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES, help="ZeRO stage")
     s.add_argument("--sequence-parallel", action="store_true")
-    s.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
+    s.add_argument("--loader-workers", type=numbers.count0, default=DEFAULT_LOADER_WORKERS,
                    help="data-loader workers per data-parallel replica (default 8; 0: "
                         "synthetic data on the device)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -99,7 +99,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     split = f", TP {args.tp} x PP {args.pp}" if args.tp * args.pp > 1 else ""
     title = f"{args.model} on {args.gpu or args.system}, {args.precision}{split}: {batch}"
     if args.json:
-        print(json.dumps({"model": args.model, "gpu": args.gpu, "system": args.system,
+        print(numbers.dumps({"model": args.model, "gpu": args.gpu, "system": args.system,
                           "scaling": "weak" if weak else "strong",
                           "rows": [r.to_json() for r in rows]}, indent=2))
     else:

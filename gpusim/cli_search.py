@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from gpusim import units
+from gpusim import numbers, units
 from gpusim.errors import InvalidConfig
 from gpusim.estimate import resolve_model, resolve_topology
 from gpusim.explore.search import search
@@ -25,13 +24,14 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--model", required=True, help="zoo name or model YAML file")
     s.add_argument("--system", help="node design, e.g. dgx-h100 (default: built around --gpu)")
     s.add_argument("--gpu", help="GPU profile when no --system is given")
-    s.add_argument("--num-gpus", type=int, required=True)
-    s.add_argument("--batch-size", type=int, required=True, help="global batch per step")
-    s.add_argument("--seq-len", type=int)
+    s.add_argument("--num-gpus", type=numbers.count, required=True)
+    s.add_argument("--batch-size", type=numbers.count, required=True, help="global batch per step")
+    s.add_argument("--seq-len", type=numbers.count)
     s.add_argument("--precision", default="bf16", choices=TRAINING_PRECISIONS)
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    s.add_argument("--top", type=int, default=10, help="rows to show and simulate (default 10)")
-    s.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
+    s.add_argument("--top", type=numbers.count, default=10,
+                   help="rows to show and simulate (default 10)")
+    s.add_argument("--loader-workers", type=numbers.count0, default=DEFAULT_LOADER_WORKERS,
                    help=f"data-loader workers per data-parallel replica (default "
                         f"{DEFAULT_LOADER_WORKERS}; 0: synthetic data on the device)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -64,7 +64,7 @@ def run_search(args: argparse.Namespace) -> int:
                       usd_per_gpu_hour=price, num_gpus=topology.num_gpus)
             for r in result.ranked[:args.top]]
     if args.json:
-        print(json.dumps({"model": model.name, "system": topology.system.name,
+        print(numbers.dumps({"model": model.name, "system": topology.system.name,
                           "num_gpus": topology.num_gpus, "considered": result.considered,
                           "fit": len(result.ranked), "rejected": len(result.rejected),
                           "dominated": result.dominated,

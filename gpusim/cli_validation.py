@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
+from gpusim import numbers
 from gpusim.calibrate import fit
 from gpusim.errors import MissingDependency
 from gpusim.hardware.calibration import load_calibration_file
@@ -26,13 +26,13 @@ def add_parsers(sub: Any) -> None:
     m.add_argument("--device",
                    help="profile to record under (default: the GPU's own name; required on a "
                         "CPU)")
-    m.add_argument("--repeats", type=int, default=30,
+    m.add_argument("--repeats", type=numbers.count, default=30,
                    help="timed samples per case (default 30; the slowest cases use 10)")
     m.add_argument("--quick", action="store_true",
                    help="a few cases of each kind only (a smoke test, not for calibration)")
     m.add_argument("--no-layers", action="store_true",
                    help="models suite: time whole steps only, not each layer")
-    m.add_argument("--max-minutes", type=float, default=None,
+    m.add_argument("--max-minutes", type=numbers.positive, default=None,
                    help="stop starting cases after this long and write what was measured "
                         "(the rest are recorded as skipped); default: no limit")
 
@@ -124,7 +124,7 @@ def validate(args: argparse.Namespace) -> int:
     if args.json:
         out = {"devices": [r.to_dict() for r in reports],
                "across_devices": cross_device_ranking(reports)}
-        print(json.dumps(_clean(out), indent=1))
+        print(numbers.dumps(_clean(out), indent=1))
         return 0
     print(format_reports(reports, verbose=args.layers))
     if args.plot:

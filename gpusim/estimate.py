@@ -55,10 +55,20 @@ def resolve_model(model: str | Model, seq_len: int | None = None) -> Model:
     return zoo.get(model, seq_len)
 
 
+# A run longer than this many optimizer steps is a typing slip (10^12 steps of one second
+# each is 30,000 years); the totals it would print mean nothing.
+LARGEST_STEPS = 10**12
+
+
 def training_steps(model: Model, batch_size: int, *, epochs: float | None = None,
                    dataset_size: int | None = None, tokens: float | None = None,
                    steps: int | None = None) -> int:
     """Optimizer steps for the run: from steps, tokens, or epochs over a dataset."""
+    if batch_size <= 0:
+        raise InvalidConfig(f"batch size must be positive (got {batch_size})")
+    for name, value in (("tokens", tokens), ("epochs", epochs)):
+        if value is not None and not math.isfinite(value):
+            raise InvalidConfig(f"{name} must be a finite number (got {value})")
     given = [x is not None for x in (steps, tokens, epochs)]
     if sum(given) != 1:
         raise InvalidConfig("give exactly one of --steps, --tokens, or --epochs with "
@@ -72,13 +82,22 @@ def training_steps(model: Model, batch_size: int, *, epochs: float | None = None
             raise InvalidConfig(f"{model.name} does not take tokens; use --epochs or --steps")
         if tokens <= 0:
             raise InvalidConfig(f"tokens must be positive (got {tokens:g})")
-        return math.ceil(tokens / (model.tokens_per_sample * batch_size))
+        steps_needed = math.ceil(tokens / (model.tokens_per_sample * batch_size))
+        if steps_needed > LARGEST_STEPS:
+            raise InvalidConfig(f"{tokens:g} tokens make {steps_needed:.3g} steps, beyond "
+                                f"reason (at most {LARGEST_STEPS:.0e})")
+        return steps_needed
     assert epochs is not None
     if dataset_size is None:
         raise InvalidConfig("--epochs needs --dataset-size (samples per epoch)")
     if epochs <= 0 or dataset_size <= 0:
         raise InvalidConfig("epochs and dataset size must be positive")
-    return math.ceil(epochs * dataset_size / batch_size)
+    steps_needed = math.ceil(epochs * dataset_size / batch_size)
+    if steps_needed > LARGEST_STEPS:
+        raise InvalidConfig(f"{epochs:g} epochs of {dataset_size} samples make "
+                            f"{steps_needed:.3g} steps, beyond reason (at most "
+                            f"{LARGEST_STEPS:.0e})")
+    return steps_needed
 
 
 def mfu_peak(device: DeviceProfile, model: Model, num: Numerics) -> float:

@@ -167,6 +167,25 @@ def test_transfers_sharing_a_link_move_at_a_share_of_its_rate() -> None:
     assert link.active == 0
 
 
+def test_a_shared_link_finishes_late_in_a_long_simulation() -> None:
+    """Past about 4,000 simulated seconds one tick of a float64 clock exceeds 1e-12 s, so a
+    transfer whose leftover rounded above that never advanced time (issue 17: a 175B job on
+    1024 GPUs with --straggler 17:10000 hung)."""
+    env = simpy.Environment(initial_time=1e7)
+    link = SharedLink(env)
+    ends: list[float] = []
+
+    def flow(at: float, seconds: float) -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(at)
+        yield from link.transfer(seconds)
+        ends.append(env.now)
+
+    for i in range(5):
+        env.process(flow(0.1 * i / 3, 0.7 + i / 7))
+    env.run(until=1e7 + 100)  # a hang would never get here
+    assert len(ends) == 5 and link.active == 0
+
+
 def test_pipeline_and_data_parallel_traffic_share_the_nic_when_both_leave_the_node() -> None:
     p = plan(num_gpus=64, pipeline=2, data=32, microbatch_size=1)
     assert p.groups["pipeline"].spans_nodes and p.groups["data"].spans_nodes

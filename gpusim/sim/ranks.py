@@ -9,6 +9,7 @@ each standing for its TP ranks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gpusim.errors import InvalidConfig
@@ -55,8 +56,9 @@ class Straggler:
             r, f = int(rank), float(factor) if sep else 0.0
         except ValueError:
             r, f = -1, 0.0
-        if r < 0 or f <= 0:
-            raise InvalidConfig(f"give the straggler as RANK:FACTOR, e.g. 17:1.5 (got {text!r})")
+        if r < 0 or not 0 < f < math.inf or not text.isascii():
+            raise InvalidConfig(f"give the straggler as RANK:FACTOR with a finite FACTOR "
+                                f"above 0, e.g. 17:1.5 (got {text!r})")
         return cls(r, compute=f) if kind == "compute" else cls(r, link=f)
 
     def merge(self, other: Straggler | None) -> Straggler:

@@ -31,7 +31,12 @@ class SharedLink:
             while remaining > _DONE:
                 share = 1.0 / self.active
                 start = self.env.now
-                yield self.env.timeout(remaining / share) | self._changed
+                finish = self.env.timeout(remaining / share)
+                fired = yield finish | self._changed
+                if finish in fired:
+                    # Its own time ran out: done, whatever is left after rounding (late in a
+                    # long simulation one tick of the clock exceeds any fixed slack).
+                    break
                 remaining -= (self.env.now - start) * share
         finally:
             self._change(-1)
