@@ -119,8 +119,9 @@ class Attention(Layer):
         return self._tag([*ops, self._qkv_grad_pack(n, num)])
 
     def io_bytes(self, n: int, num: Numerics) -> float:
-        """Q, K, V and the output: what selective recompute keeps."""
-        return self._qkvo_elements(n) * num.act_bytes
+        """Q, K and V: what selective recompute keeps (the core re-runs from them; its
+        output is kept by the projection that reads it)."""
+        return n * self.seq * self.head_dim * (self.heads + 2 * self._kv) * num.act_bytes
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         saved = self.io_bytes(n, num)
@@ -135,7 +136,9 @@ class Attention(Layer):
                 kept += num.act_bytes
             saved += scores * kept
         else:
-            saved += n * self.heads * self.seq * 4  # fp32 log-sum-exp per row
+            # the kernel's own output, which its backward reads, and an fp32 log-sum-exp
+            # per row
+            saved += n * self.out_elements * num.act_bytes + n * self.heads * self.seq * 4
         return saved
 
 
