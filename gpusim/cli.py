@@ -38,6 +38,7 @@ from gpusim.plan.job import (
 )
 from gpusim.plan.lower import lower
 from gpusim.plan.memory_report import memory_report
+from gpusim.plan.offload import OFFLOADS
 from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
 from gpusim.plan.recompute import HELP as RECOMPUTE_HELP
 from gpusim.report import TrainingEstimate
@@ -76,6 +77,9 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="how the framework writes the layers (norms, grouped K/V, "
                            "SwiGLU): pytorch (default), hf-transformers, litgpt, torchtitan, "
                            "torchtune, megatron, or a stack YAML file (stacks/)")
+    tech.add_argument("--offload", default="none", choices=OFFLOADS,
+                      help="keep the optimizer (ZeRO-Offload) or, under --zero 3, FSDP's "
+                           "weight shards too (params) in host memory; the CPUs step")
     tech.add_argument("--pure-bf16", action="store_true",
                       help="hold the model in bf16: weights, gradients and optimizer states, "
                            "no fp32 copies (torchtune, LitGPT bf16-true); needs --precision "
@@ -232,7 +236,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "sequence_parallel": args.sequence_parallel,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
-        "pure_bf16": args.pure_bf16, "stack": args.stack,
+        "pure_bf16": args.pure_bf16, "stack": args.stack, "offload": args.offload,
     }
 
 

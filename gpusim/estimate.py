@@ -331,6 +331,13 @@ def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
 
 
 Job = TrainingJob | ParallelJob
+OFFLOAD_TEXT = {
+    "optimizer": "optimizer offloaded (ZeRO-Offload): master weights and Adam states in host "
+                 "memory; each step the gradients go down PCIe, the CPUs step, the weights "
+                 "come back, in turn after the backward pass",
+    "params": "FSDP CPU offload: weight, gradient and optimizer shards in host memory; the "
+              "CPUs step; gradients down and weights up over PCIe after the backward pass",
+}
 
 
 def build_job(
@@ -359,6 +366,7 @@ def build_job(
     max_batch: bool = False,
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
+    offload: str = "none",
 ) -> tuple[Job, bool]:
     """The job ``estimate`` runs (arguments as there), and whether its system was assumed
     (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
@@ -377,7 +385,7 @@ def build_job(
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
         job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
-                          stack=framework)
+                          stack=framework, offload=offload)
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
@@ -391,7 +399,7 @@ def build_job(
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
                        frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
-                       stack=framework)
+                       stack=framework, offload=offload)
     if max_batch:
         share = batch_size // config.data
 
@@ -451,6 +459,7 @@ def estimate(
     max_batch: bool = False,
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
+    offload: str = "none",
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
@@ -470,7 +479,7 @@ def estimate(
         microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
         zero=zero, sequence_parallel=sequence_parallel,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
-        stack=stack)
+        stack=stack, offload=offload)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
     if isinstance(job, ParallelJob):
@@ -485,6 +494,8 @@ def estimate(
         device = job.device
         step = simulate_step(job)
         assumptions = _assumptions(job)
+    if offload != "none":
+        assumptions.insert(0, OFFLOAD_TEXT[offload])
     if job.model.family == "transformer" or stack is not None:
         assumptions.insert(0, load_stack(stack).describe())
     if max_batch:

@@ -292,3 +292,29 @@ def test_allocator_reserve_is_the_median_of_the_projects_runs() -> None:
             ratios[family].append(case["peak_reserved_bytes"] / case["peak_memory_bytes"] - 1)
     for family, values in ratios.items():
         assert ALLOCATOR_RESERVE[family] == pytest.approx(statistics.median(values), abs=0.01)
+
+
+def test_offloading_the_optimizer_frees_its_states_and_costs_pcie_time(
+        h100: GPUProfile) -> None:
+    model = zoo.get("gpt2-medium")
+    plain = TrainingJob(model, h100, 4, "bf16", loader_workers=0)
+    off = TrainingJob(model, h100, 4, "bf16", loader_workers=0, offload="optimizer")
+    assert memory_plan(off).optimizer_states == 0 < memory_plan(plain).optimizer_states
+    from gpusim.estimate import simulate_step
+    from gpusim.plan.offload import CPU_ADAM_BYTES_PER_PARAM
+
+    slow, fast = simulate_step(off), simulate_step(plain)
+    extra = slow.breakdown_s["optimizer"] - fast.breakdown_s["optimizer"]
+    # at least the gradients down and the weights up at PCIe 5's 64 GB/s, and the CPU's pass
+    assert extra > model.parameters * (4 + 2) / 64e9
+    assert extra < model.parameters * (4 + 2 + CPU_ADAM_BYTES_PER_PARAM) / 10e9
+
+
+def test_fsdp_cpu_offload_keeps_only_gathered_units_on_the_gpu() -> None:
+    job = _fsdp("llama3-8b", 8, 1, 2048)
+    off = replace(job, offload="params")
+    mem = _memory(off)
+    assert mem.weights == mem.gradients == mem.optimizer_states == 0
+    assert mem.transient > 0  # the gathered units
+    with pytest.raises(InvalidConfig, match="--zero 3"):
+        replace(_fsdp("llama3-8b", 8, 1, 2048, zero=1), offload="params")

@@ -12,6 +12,7 @@ from typing import Literal
 
 from gpusim.errors import InvalidConfig, UnsupportedPrecision
 from gpusim.hardware.profile import DeviceProfile
+from gpusim.plan.offload import check_offload
 from gpusim.plan.recompute import parse_recompute
 from gpusim.stack import Stack, default_stack
 from gpusim.workload.layers import Layer
@@ -68,6 +69,7 @@ class TrainingJob:
     fsdp: bool = False
     pure_bf16: bool = False
     stack: Stack | None = None  # how the framework runs the step (None: the default stack)
+    offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -98,6 +100,10 @@ class TrainingJob:
                     f"--freeze {prefix!r} matches no layer of {self.model.name}; layer names "
                     f"look like {', '.join(names[:3])} (`gpusim models show` lists them)"
                 )
+        check_offload(self.offload, 3 if self.fsdp else None)
+        if self.offload != "none" and not self.device.is_gpu:
+            raise InvalidConfig("offload moves state from a GPU to its host; this job runs "
+                                "on a CPU already")
         if self.pure_bf16 and self.precision != "bf16":
             raise InvalidConfig(f"pure bf16 training holds the model in bf16; it needs "
                                 f"--precision bf16 (got {self.precision})")

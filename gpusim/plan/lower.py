@@ -32,6 +32,7 @@ from gpusim.plan.autocast import (
     layer_precisions,
 )
 from gpusim.plan.job import TrainingJob
+from gpusim.plan.offload import offload_seconds
 from gpusim.plan.recompute import checkpointed_blocks, policy_saved
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
@@ -301,7 +302,15 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
                               kinds)
     opt_ops = optimizer_ops(job)
     opt = tuple(_to_kernel(op, job, cal, host_s) for op in opt_ops)
-    if opt and not job.master_weights:
+    if opt and job.offload != "none" and isinstance(job.device, GPUProfile):
+        # The step runs on the host: gradients down, CPU Adam, weights up, in turn.
+        trainable = sum(la.params for la in job.model.layers if job.is_trainable(la.name))
+        seconds = offload_seconds(trainable, job.grad_bytes, job.numerics().act_bytes,
+                                  job.device, None, cal)
+        opt = (Kernel("optimizer.offloaded_step", "optimizer", "optimizer", seconds, host_s,
+                      0.0, trainable * (job.grad_bytes + job.numerics().act_bytes), "pcie",
+                      0.0),)
+    elif opt and not job.master_weights:
         # torch.optim's step() in Python: a fixed cost, and per parameter tensor the list
         # building and grouping its foreach kernels take, spread over its kernels (the
         # Python runs between the launches, so the device works meanwhile).

@@ -216,12 +216,17 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
     foreach = (job.device.is_gpu and job.optimizer in ("adam", "adamw")
                and stack.optimizer == "foreach" and not job.master_weights)
     temporaries = trainable * (2.0 if job.pure_bf16 else 4.0) if foreach else 0.0
+    states = OPTIMIZER_STATE_BYTES[job.optimizer] * trainable * state_scale + master
+    weights = float(job.weight_bytes * trainable + job.frozen_weight_bytes * (params - trainable))
+    gradients = float(job.grad_bytes * trainable)
+    if job.offload != "none":  # the step, its states and master weights live on the host
+        states = temporaries = 0.0
+    if job.offload == "params":  # FSDP's weight and gradient shards too
+        weights = gradients = 0.0
     return MemoryPlan(
-        weights=float(job.weight_bytes * trainable
-                      + job.frozen_weight_bytes * (params - trainable)),
-        gradients=float(job.grad_bytes * trainable),
-        optimizer_states=OPTIMIZER_STATE_BYTES[job.optimizer] * trainable * state_scale
-        + master,
+        weights=weights,
+        gradients=gradients,
+        optimizer_states=states,
         weight_copies=copies,
         activations=activation_bytes(job),
         transient=float(transient),

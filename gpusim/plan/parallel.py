@@ -25,6 +25,7 @@ from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops, parameter_tensors
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
+from gpusim.plan.offload import offload_seconds
 from gpusim.plan.parallel_job import ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
 from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
@@ -245,7 +246,12 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
         opt_ops = optimizer_ops(opt_job)
         optimizer_s = sum(kernel_cost(op, job.topology.gpu, cal).seconds
                           for op in opt_ops) * shard
-        if opt_ops and not job.master_weights:  # torch.optim's step() on the host
+        if opt_ops and job.offload != "none":  # the step on the node's CPUs
+            optimizer_s = offload_seconds(
+                job.trainable_params(stage_model.layers) * shard, job.whole.grad_bytes,
+                job.whole.numerics().act_bytes, job.topology.gpu, job.topology.system, cal,
+                sharing=job.topology.gpus_per_node)
+        elif opt_ops and not job.master_weights:  # torch.optim's step() on the host
             tensors = len(parameter_tensors(stage_model.layers, job.whole.is_trainable))
             optimizer_s = max(optimizer_s, optimizer_host_s(tensors, cal)
                               + host_per_op * len(opt_ops))

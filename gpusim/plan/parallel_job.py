@@ -21,6 +21,7 @@ from gpusim.plan.job import (
     TrainingPrecision,
     in_prefix,
 )
+from gpusim.plan.offload import check_offload
 from gpusim.plan.recompute import parse_recompute
 from gpusim.stack import Stack
 from gpusim.workload.attention import Attention
@@ -111,6 +112,7 @@ class ParallelJob:
     loader_workers: int = 0
     pure_bf16: bool = False  # the model held in bf16, states too (see TrainingJob)
     stack: Stack | None = None  # how the framework runs the step (None: the default stack)
+    offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -133,6 +135,7 @@ class ParallelJob:
                 f"the interleaved schedule needs the microbatches per pipeline "
                 f"({self.microbatches}) to be a multiple of PP {p.pipeline}"
             )
+        check_offload(self.offload, p.zero)
         if parse_recompute(self.checkpointing) != self.checkpointing:
             object.__setattr__(self, "checkpointing", parse_recompute(self.checkpointing))
         if p.tensor > 1 or p.pipeline > 1:
@@ -204,7 +207,8 @@ class ParallelJob:
                            self.precision, 1, self.optimizer, self.checkpointing, frozen,
                            loader_workers=0, master_weights=self.master_weights,
                            input_requires_grad=not first, fsdp=self.fsdp,
-                           pure_bf16=self.pure_bf16, stack=self.stack)
+                           pure_bf16=self.pure_bf16, stack=self.stack,
+                           offload=self.offload)
 
     @cached_property
     def model_flops_per_sample(self) -> float:

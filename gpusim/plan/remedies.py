@@ -5,8 +5,9 @@ The order is what each remedy usually costs in step time, from least to most: sh
 states further (ZeRO/FSDP; communication that overlaps), keeping fewer activations with
 per-op recompute, 8-bit optimizer states, pure bf16 (no fp32 copies; a numerical risk more
 than a time cost), a smaller microbatch (less efficient kernels, more of them), full
-recompute (a third more compute), more GPUs (money, not time), and splitting layers (tensor
-or pipeline parallelism, which adds communication or a bubble). A remedy is
+recompute (a third more compute), offload to the CPUs (PCIe and a CPU step each step), more
+GPUs (money, not time), and splitting layers (tensor or pipeline parallelism, which adds
+communication or a bubble). A remedy is
 named both as a flag of the command line and as an argument of ``gpusim.estimate``.
 """
 
@@ -181,6 +182,12 @@ def _parallel(job: ParallelJob) -> Iterator[Candidate]:
         yield ("microbatch", f"microbatch {micro}", f"--microbatch-size {micro}",
                f"microbatch_size={micro}", with_config(microbatch_size=micro))
         micro //= 2
+    if job.offload == "none":
+        yield ("offload", "optimizer offloaded to the CPUs", "--offload optimizer",
+               "offload='optimizer'", _with_job(job, offload="optimizer"))
+        if p.zero == 3:
+            yield ("offload", "FSDP CPU offload", "--offload params", "offload='params'",
+                   _with_job(job, offload="params"))
     factor = 2
     while factor <= MOST_GPUS_FACTOR:
         gpus = job.topology.num_gpus * factor
@@ -235,6 +242,9 @@ def _single(job: TrainingJob) -> Iterator[Candidate]:
             yield ("microbatch", f"microbatch {job.batch_size // accum} ({accum} accumulated)",
                    f"--grad-accum {accum}", f"grad_accum={accum}", changed(grad_accum=accum))
         accum *= 2
+    if job.device.is_gpu and job.offload == "none":
+        yield ("offload", "optimizer offloaded to the CPU", "--offload optimizer",
+               "offload='optimizer'", changed(offload="optimizer"))
     if job.device.is_gpu:
         bigger = sorted((g for g in catalog().all(GPUProfile)
                          if g.memory_bytes > job.device.memory_bytes
