@@ -114,8 +114,17 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="reduce data-parallel gradients after the backward pass, not "
                            "during it")
     dims = e.add_argument_group("transformer dimensions (with --model transformer)")
-    for name in _DIMENSIONS:
+    for name in (*_DIMENSIONS, "head_dim"):
         dims.add_argument(f"--{name.replace('_', '-')}", type=numbers.count)
+    dims.add_argument("--mlp", choices=("gelu", "swiglu"),
+                      help="MLP: gelu (GPT, BERT; default) or swiglu (Llama, Mistral, Qwen)")
+    dims.add_argument("--norm", choices=("layernorm", "rmsnorm"), help="default layernorm")
+    dims.add_argument("--position", choices=("learned", "rope"),
+                      help="learned position table (default) or rotary embeddings")
+    dims.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction,
+                      help="share the token table with the output head (default: tied)")
+    dims.add_argument("--bias", action=argparse.BooleanOptionalAction,
+                      help="biases on the projections (default: with)")
     return many
 
 
@@ -189,11 +198,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# Architecture flags of --model transformer and the TransformerConfig fields they set.
+_ARCHITECTURE = {"head_dim": "head_dim", "mlp": "activation", "norm": "norm",
+                 "position": "positions", "tie_embeddings": "tied_embeddings", "bias": "bias"}
+
+
 def _model_from_args(args: argparse.Namespace) -> str | Model:
     given = {name: getattr(args, name) for name in _DIMENSIONS if getattr(args, name) is not None}
+    for flag, field in _ARCHITECTURE.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            given[field] = "rotary" if value == "rope" else value
     if args.model != "transformer":
         if given:
-            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            names = {v: k for k, v in _ARCHITECTURE.items()}
+            flags = ", ".join(f"--{names.get(k, k).replace('_', '-')}" for k in given)
             raise InvalidConfig(f"{flags} apply only to --model transformer")
         return str(args.model)
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in given]

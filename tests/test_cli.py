@@ -195,3 +195,23 @@ def test_json_output_is_valid_json_without_nan() -> None:
 
     text = numbers.dumps({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2.5}})
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": 2.5}}
+
+
+def test_transformer_flags_build_a_true_llama3_8b(capsys: pytest.CaptureFixture[str]) -> None:
+    """Gated MLP, RMS norm, rotary positions, an untied head and no biases: the README's
+    command builds Llama-3 8B's 8.03B parameters, not a 5.6B GPT-style model."""
+    from gpusim.workload import zoo
+
+    argv = ["estimate", "--model", "transformer", "--layers", "32", "--hidden", "4096",
+            "--heads", "32", "--kv-heads", "8", "--ffn-hidden", "14336", "--vocab", "128256",
+            "--mlp", "swiglu", "--norm", "rmsnorm", "--position", "rope",
+            "--no-tie-embeddings", "--no-bias", "--seq-len", "1024", "--gpu", "h100",
+            "--batch-size", "1", "--precision", "bf16", "--pure-bf16", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    reference = zoo.get("llama3-8b", seq_len=1024)
+    assert data["model_flops_per_step"] == pytest.approx(
+        reference.training_flops_per_sample, rel=1e-9)
+    assert main(["estimate", "--model", "gpt2", "--gpu", "h100", "--batch-size", "1",
+                 "--mlp", "swiglu"]) == 2
+    assert "apply only to --model transformer" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from gpusim.estimate import build_job, estimate
 from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import microbatch_ops
-from gpusim.plan.memory import ALLOCATOR_RESERVE, memory_plan
+from gpusim.plan.memory import ALLOCATOR_RESERVE, activations_by_layer, memory_plan
 from gpusim.plan.memory_report import largest_microbatch
 from gpusim.plan.parallel import plan_parallel, stage_memory
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
@@ -318,3 +318,16 @@ def test_fsdp_cpu_offload_keeps_only_gathered_units_on_the_gpu() -> None:
     assert mem.transient > 0  # the gathered units
     with pytest.raises(InvalidConfig, match="--zero 3"):
         replace(_fsdp("llama3-8b", 8, 1, 2048, zero=1), offload="params")
+
+
+def test_a_frozen_product_keeps_no_input(h100: GPUProfile) -> None:
+    """x @ W with W frozen: autograd keeps W for the input gradient, not x. Freezing the
+    MLPs of GPT-2 drops what their two products kept."""
+    model = zoo.get("gpt2")
+    plain = TrainingJob(model, h100, 4, "bf16")
+    frozen = TrainingJob(model, h100, 4, "bf16",
+                         frozen=tuple(f"h.{i}.mlp" for i in range(12)))
+    kept = activations_by_layer(plain)[0]
+    kept_frozen = activations_by_layer(frozen)[0]
+    mlp = [la.name for la in model.layers if isinstance(la, Linear) and ".mlp." in la.name]
+    assert all(kept[name] > 0 and kept_frozen[name] == 0 for name in mlp)

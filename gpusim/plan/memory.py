@@ -16,7 +16,7 @@ from gpusim.plan.autocast import casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.recompute import checkpointed_blocks, policy_kept_bytes
 from gpusim.workload.attention import Attention
-from gpusim.workload.layers import Layer
+from gpusim.workload.layers import Conv2d, Layer, Linear
 
 # CUDA context, cuDNN handles and the allocator's own reservation (beyond the cuBLAS
 # workspaces, below): commonly 0.5-1 GiB on current GPUs.
@@ -156,6 +156,8 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
     precision = layer_precisions(job)
 
     def saved(lay: Layer) -> float:
+        if isinstance(lay, (Linear, Conv2d)) and not job.trains_weights(lay):
+            return 0.0  # a frozen product's input gradient needs its weight, not its input
         return lay.saved_bytes(n, precision[lay.name].numerics)
 
     n = job.microbatch_size
