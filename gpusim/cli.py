@@ -77,6 +77,14 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="how the framework writes the layers (norms, grouped K/V, "
                            "SwiGLU): pytorch (default), hf-transformers, litgpt, torchtitan, "
                            "torchtune, megatron, or a stack YAML file (stacks/)")
+    tech.add_argument("--finetune", default="full", choices=("full", "lora", "qlora"),
+                      help="full (default), or LoRA adapters on a frozen base (qlora: the "
+                           "base's projections in 4-bit NF4)")
+    tech.add_argument("--lora-rank", type=numbers.count, default=8, help="default 8")
+    tech.add_argument("--lora-targets", default="q,v",
+                      help="projections that get adapters: q,k,v,o,gate,up,down (default q,v)")
+    tech.add_argument("--lora-dropout", action="store_true",
+                      help="dropout on the adapters' input (keeps a dropped copy and mask)")
     tech.add_argument("--offload", default="none", choices=OFFLOADS,
                       help="keep the optimizer (ZeRO-Offload) or, under --zero 3, FSDP's "
                            "weight shards too (params) in host memory; the CPUs step")
@@ -256,6 +264,8 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "sequence_parallel": args.sequence_parallel,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
         "pure_bf16": args.pure_bf16, "stack": args.stack, "offload": args.offload,
+        "finetune": args.finetune, "lora_rank": args.lora_rank,
+        "lora_targets": args.lora_targets, "lora_dropout": args.lora_dropout,
     }
 
 

@@ -20,6 +20,7 @@ from gpusim.hardware.catalog import load_device, load_system
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
 from gpusim.plan.autocast import autocasts
 from gpusim.plan.job import (
+    ALL_BUT_ADAPTERS,
     DEFAULT_LOADER_WORKERS,
     Checkpointing,
     Optimizer,
@@ -38,6 +39,7 @@ from gpusim.sim.ranks import Straggler, rank_coords
 from gpusim.stack import Stack, apply_stack, load_stack
 from gpusim.workload import formats, zoo
 from gpusim.workload.layers import Conv2d
+from gpusim.workload.lora import LORA_SUFFIX, add_lora, parse_targets
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
 
@@ -331,6 +333,7 @@ def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
 
 
 Job = TrainingJob | ParallelJob
+FINETUNES = ("full", "lora", "qlora")
 OFFLOAD_TEXT = {
     "optimizer": "optimizer offloaded (ZeRO-Offload): master weights and Adam states in host "
                  "memory; each step the gradients go down PCIe, the CPUs step, the weights "
@@ -367,6 +370,10 @@ def build_job(
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
     offload: str = "none",
+    finetune: str = "full",
+    lora_rank: int = 8,
+    lora_targets: str | tuple[str, ...] = ("q", "v"),
+    lora_dropout: bool = False,
 ) -> tuple[Job, bool]:
     """The job ``estimate`` runs (arguments as there), and whether its system was assumed
     (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
@@ -375,6 +382,15 @@ def build_job(
     a YAML file or a Stack; default ``pytorch``) says how the framework writes the layers."""
     framework = load_stack(stack)
     net = apply_stack(resolve_model(model, seq_len), framework)
+    if finetune not in FINETUNES:
+        raise InvalidConfig(f"unknown fine-tuning {finetune!r}; use one of "
+                            f"{', '.join(FINETUNES)}")
+    quantized = finetune == "qlora"
+    if finetune != "full":
+        targets = (parse_targets(lora_targets) if isinstance(lora_targets, str)
+                   else lora_targets)
+        net = add_lora(net, lora_rank, targets, lora_dropout)
+        frozen = (*frozen, ALL_BUT_ADAPTERS)
     if num_gpus < 1:
         raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
     parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
@@ -385,7 +401,7 @@ def build_job(
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
         job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
-                          stack=framework, offload=offload)
+                          stack=framework, offload=offload, quantized_base=quantized)
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
@@ -399,7 +415,7 @@ def build_job(
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
                        frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
-                       stack=framework, offload=offload)
+                       stack=framework, offload=offload, quantized_base=quantized)
     if max_batch:
         share = batch_size // config.data
 
@@ -460,6 +476,10 @@ def estimate(
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
     offload: str = "none",
+    finetune: str = "full",
+    lora_rank: int = 8,
+    lora_targets: str | tuple[str, ...] = ("q", "v"),
+    lora_dropout: bool = False,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
@@ -479,7 +499,8 @@ def estimate(
         microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
         zero=zero, sequence_parallel=sequence_parallel,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
-        stack=stack, offload=offload)
+        stack=stack, offload=offload, finetune=finetune, lora_rank=lora_rank,
+        lora_targets=lora_targets, lora_dropout=lora_dropout)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
     if isinstance(job, ParallelJob):
@@ -496,6 +517,14 @@ def estimate(
         assumptions = _assumptions(job)
     if offload != "none":
         assumptions.insert(0, OFFLOAD_TEXT[offload])
+    if finetune != "full":
+        adapters = [la for la in job.model.layers if la.name.endswith(LORA_SUFFIX)]
+        base = ("its frozen projections in 4-bit NF4, dequantized before each product"
+                if finetune == "qlora" else "the frozen base in the compute type")
+        trains = units.human_count(sum(la.params for la in adapters))
+        count = sum(getattr(la, "parts", 1) for la in adapters)
+        assumptions.insert(0, f"{finetune}: rank-{lora_rank} adapters on {count} "
+                              f"projections ({trains} parameters train), {base}")
     if job.model.family == "transformer" or stack is not None:
         assumptions.insert(0, load_stack(stack).describe())
     if max_batch:

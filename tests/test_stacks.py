@@ -206,15 +206,17 @@ def test_the_stack_is_named_in_the_assumptions() -> None:
 
 
 # Published measured peaks (published/peak_memory.yaml; benchmarks/memory.py prints them).
-# As of this commit: 15 of 64 cases expressible, mean error 3.6%, largest 9.6% (BERT-large
-# fp16 under HF Trainer on a V100, nvidia-smi); the target is 10% on every case.
+# As of this commit: 21 of 64 cases expressible (6 of them LoRA), mean error 3.4%, largest
+# 9.6% (BERT-large fp16 under HF Trainer on a V100, nvidia-smi); the target is 10% on
+# every case. Five LitGPT figures are excluded in the data file, with the reason: they
+# match loading the checkpoint, not training.
 PUBLISHED_MEAN_ERROR = 0.05
 PUBLISHED_MAX_ERROR = 0.10
 
 
 def test_published_peak_memories_within_budget_and_never_refused() -> None:
     cases = [c for c in load_cases() if c.job is not None]
-    assert len(cases) >= 15
+    assert len(cases) >= 21
     errors = [abs(c.predicted_gib() / c.measured_gib - 1) for c in cases]
     assert sum(errors) / len(errors) <= PUBLISHED_MEAN_ERROR
     assert max(errors) <= PUBLISHED_MAX_ERROR

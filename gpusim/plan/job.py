@@ -15,7 +15,8 @@ from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.offload import check_offload
 from gpusim.plan.recompute import parse_recompute
 from gpusim.stack import Stack, default_stack
-from gpusim.workload.layers import Layer
+from gpusim.workload.layers import Layer, Linear
+from gpusim.workload.lora import LORA_SUFFIX
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
 
@@ -31,9 +32,20 @@ Checkpointing = str
 DEFAULT_LOADER_WORKERS = 8
 
 
+# The frozen "prefix" of LoRA fine-tuning: every layer but the adapters.
+ALL_BUT_ADAPTERS = "*"
+# bitsandbytes' NF4 with double quantization: 4 bits a weight, an 8-bit scale per 64
+# weights and an fp32 scale per 256 of those (Dettmers et al. 2023, QLoRA, section 3:
+# 4.127 bits a parameter).
+NF4_BYTES = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+
+
 def in_prefix(name: str, prefix: str) -> bool:
     """Whether layer ``name`` is ``prefix`` or inside it ("h.1" holds "h.1.mlp", not "h.10";
-    a prefix ending in a dot, "h.", holds every name that starts with it)."""
+    a prefix ending in a dot, "h.", holds every name that starts with it; "*" holds every
+    layer but LoRA adapters)."""
+    if prefix == ALL_BUT_ADAPTERS:
+        return not name.endswith(LORA_SUFFIX)
     if prefix.endswith("."):
         return name.startswith(prefix)
     return name == prefix or name.startswith(prefix + ".")
@@ -70,6 +82,7 @@ class TrainingJob:
     pure_bf16: bool = False
     stack: Stack | None = None  # how the framework runs the step (None: the default stack)
     offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
+    quantized_base: bool = False  # frozen projections held in 4-bit NF4 (QLoRA)
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -141,6 +154,17 @@ class TrainingJob:
         """Bytes per frozen weight: under mixed precision fine-tuning loads the weights that
         do not train in the compute type (no master copy, nothing for autocast to cast)."""
         return self.numerics().act_bytes if self.mixed_precision else self.weight_bytes
+
+    def quantized(self, layer: Layer) -> bool:
+        """Whether ``layer``'s weight is held in 4 bits: QLoRA quantizes the frozen
+        projections of the body, not the embeddings, norms or output head."""
+        return (self.quantized_base and isinstance(layer, Linear) and bool(layer.block)
+                and not layer.block.startswith(("embed", "head"))
+                and not self.is_trainable(layer.name))
+
+    def frozen_bytes(self, layer: Layer) -> float:
+        """Bytes per weight of a frozen ``layer``."""
+        return NF4_BYTES if self.quantized(layer) else self.frozen_weight_bytes
 
     def is_trainable(self, layer_name: str) -> bool:
         return not any(in_prefix(layer_name, p) for p in self.frozen)

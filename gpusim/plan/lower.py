@@ -146,6 +146,7 @@ def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
         ops[-1] = replace(ops[-1], layer=layer.name,
                           bytes=layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes),
                           alloc_bytes=layer.params * num.act_bytes)
+    ops += _dequantize(layer, job, num)
     if isinstance(layer, CrossEntropy) and job.master_weights:
         ops += layer.vocab_parallel_forward(job.microbatch_size, num)
     else:
@@ -153,11 +154,21 @@ def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
     return [op.with_phase(phase) for op in ops]
 
 
+def _dequantize(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
+    """A 4-bit base weight (QLoRA) unpacked to the compute type before each product that
+    reads it (bitsandbytes dequantizes, then multiplies; the copy is freed after)."""
+    if not job.quantized(layer):
+        return []
+    packed = layer.params * job.frozen_bytes(layer)
+    op = memory_op(f"{layer.name}.dequantize", 0, layer.params, num.act_bytes, 2.0)
+    return [replace(op, bytes=packed + layer.params * num.act_bytes, layer=layer.name)]
+
+
 def _input_grad_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision) -> list[Op]:
     num = prec.numerics
     if isinstance(layer, CrossEntropy) and job.master_weights:
         return layer.vocab_parallel_backward(job.microbatch_size, num)
-    ops = layer.backward_input(job.microbatch_size, num)
+    ops = _dequantize(layer, job, num) + layer.backward_input(job.microbatch_size, num)
     return ops + (_input_cast(layer, job, num, backward=True) if prec.casts_input else [])
 
 

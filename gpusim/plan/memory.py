@@ -197,7 +197,6 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
     layers = job.model.layers
     num = job.numerics()
     n = job.microbatch_size
-    params = job.model.parameters
     trainable = sum(lay.params for lay in layers if job.is_trainable(lay.name))
     # Autocast's cached 16-bit copies of the weights it casts, kept from forward to backward.
     copies = float(sum(lay.params * num.act_bytes for lay in layers if casts_weight(lay, job))
@@ -219,7 +218,9 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
                and stack.optimizer == "foreach" and not job.master_weights)
     temporaries = trainable * (2.0 if job.pure_bf16 else 4.0) if foreach else 0.0
     states = OPTIMIZER_STATE_BYTES[job.optimizer] * trainable * state_scale + master
-    weights = float(job.weight_bytes * trainable + job.frozen_weight_bytes * (params - trainable))
+    weights = float(job.weight_bytes * trainable
+                    + sum(lay.params * job.frozen_bytes(lay) for lay in layers
+                          if not job.is_trainable(lay.name)))
     gradients = float(job.grad_bytes * trainable)
     if job.offload != "none":  # the step, its states and master weights live on the host
         states = temporaries = 0.0

@@ -113,6 +113,7 @@ class ParallelJob:
     pure_bf16: bool = False  # the model held in bf16, states too (see TrainingJob)
     stack: Stack | None = None  # how the framework runs the step (None: the default stack)
     offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
+    quantized_base: bool = False  # frozen projections held in 4-bit NF4 (QLoRA)
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -208,7 +209,7 @@ class ParallelJob:
                            loader_workers=0, master_weights=self.master_weights,
                            input_requires_grad=not first, fsdp=self.fsdp,
                            pure_bf16=self.pure_bf16, stack=self.stack,
-                           offload=self.offload)
+                           offload=self.offload, quantized_base=self.quantized_base)
 
     @cached_property
     def model_flops_per_sample(self) -> float:

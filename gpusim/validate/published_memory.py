@@ -3,7 +3,7 @@ prediction of each.
 
 The figures are validation only, never fitted. Each case is turned into the job it
 describes, written as its framework writes the layers (its stack);
-a case that needs what gpusim does not model yet (torch.compile, LoRA, context parallelism,
+a case that needs what gpusim does not model yet (torch.compile, context parallelism,
 CPU offload, FP8 recipes, Adafactor, a model outside the zoo's families) is listed with the
 reason instead of being forced into a job it is not. A figure is compared with what it
 measured: ``allocated`` with the allocated peak, ``reserved`` (and ``unknown``: frameworks
@@ -13,6 +13,7 @@ reserved peak plus the CUDA context and library handles the process holds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ RECOMPUTE = {"selective(op)": "per-op", "megatron-selective": "selective", "none
 # DeepSpeed runs train the Hugging Face model; torchtitan before March 2025 upcast its norms.
 STACKS = [("megatron", "megatron"), ("deepspeed", "hf-transformers"),
           ("transformers ~v4.16", "hf-transformers-2022"), ("hf trainer", "hf-transformers"),
-          ("lit", "litgpt"), ("torchtune", "torchtune"),
+          ("lit-gpt @", "litgpt-2023"), ("lit", "litgpt"), ("torchtune", "torchtune"),
           ("torchtitan @9dec370", "torchtitan-2024"), ("torchtitan", "torchtitan")]
 
 
@@ -99,10 +100,13 @@ def _unsupported(row: dict[str, Any]) -> str:
     t, p, m = row["training"], row["parallelism"], row["model"]
     opt = str(t.get("optimizer", "")).lower()
     checks = [
+        (bool(row.get("excluded")), str(row.get("excluded", ""))),
+        ("phi" in str(m.get("name", "")).lower(), "Phi's parallel-residual block (one norm "
+                                                  "for attention and MLP) is not built"),
         (t.get("torch_compile"), "torch.compile (its fusions keep fewer tensors) is not "
                                  "modelled"),
-        (row.get("method", "full") != "full", "LoRA / QLoRA fine-tuning is not modelled "
-                                              "(issue 19)"),
+        (_method(row)[0] not in ("full", "lora", "qlora"), "the fine-tuning method is not "
+                                                             "one gpusim models"),
         (int(p.get("cp") or 1) > 1 or "CP" in str(p.get("zero_stage_or_fsdp", "")),
          "context parallelism is not modelled"),
         (p.get("cpu_offload") or "offload" in opt, "CPU offload is not modelled"),
@@ -115,6 +119,21 @@ def _unsupported(row: dict[str, Any]) -> str:
         (_gpu(row["hardware"]["gpu"]) is None, f"no profile for {row['hardware']['gpu']}"),
     ]
     return next((why for bad, why in checks if bad), "")
+
+
+def _method(row: dict[str, Any]) -> tuple[str, int, tuple[str, ...]]:
+    """(full, lora or qlora; the adapters' rank; their targets) from a case's method."""
+    text = str(row.get("method", "full")).lower()
+    if text.startswith("full"):
+        return "full", 0, ()
+    kind = "qlora" if text.startswith("qlora") else "lora" if text.startswith("lora") else text
+    rank = re.search(r"(?:r=|rank )(\d+)", text)
+    targets = ["q", "v"] if ("q+v" in text or "q_proj/v_proj" in text) else []
+    if "output_proj" in text:
+        targets.append("o")
+    if "mlp" in text:
+        targets += ["gate", "up", "down"]
+    return kind, int(rank.group(1)) if rank else 8, tuple(targets or ("q", "v"))
 
 
 def _gpu(name: str) -> DeviceProfile | None:
@@ -158,11 +177,15 @@ def _job(row: dict[str, Any]) -> Any:
     sharding = str(p.get("zero_stage_or_fsdp", "")).upper()
     zero = 3 if ("FSDP" in sharding or "ZERO-3" in sharding) else \
         1 if "ZERO-1" in sharding else 2 if "ZERO-2" in sharding else 0
+    method, rank, targets = _method(row)
     framework = str(row.get("framework", "")).lower()
     stack = next((st for text, st in STACKS if text in framework), "pytorch")
     options: dict[str, Any] = {
         "precision": precision, "optimizer": optimizer, "checkpointing": recompute,
-        "pure_bf16": "pure" in precision_text, "loader_workers": 0, "stack": stack}
+        "pure_bf16": "pure" in precision_text, "loader_workers": 0, "stack": stack,
+        "finetune": method, "lora_rank": rank or 8, "lora_targets": targets,
+        # LitGPT's LoRA recipes default to an adapter dropout of 0.05 (finetune/lora.py)
+        "lora_dropout": method != "full" and stack.startswith("litgpt")}
     model, gpu = _model(m), _gpu(row["hardware"]["gpu"])
     assert model is not None and gpu is not None  # _unsupported checked both
     accum = int(t.get("grad_accum") or 1)
