@@ -10,7 +10,9 @@ host memory, the optimizer step run by the CPU.
   shards live on the host too; the GPU holds only the units it has gathered.
 
 The transfers and the CPU step are serial after the backward pass; frameworks that overlap
-the gradients' trip with backward would hide part of the first transfer.
+the gradients' trip with backward would hide part of the first transfer. Under ``params``
+each unit's shard also crosses PCIe before every gather; that copy is not costed yet, so
+such a step is predicted too fast.
 """
 
 from __future__ import annotations

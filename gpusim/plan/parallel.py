@@ -290,10 +290,18 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
     gathered = 0.0
     if p.zero == 3:
         # The gathered weights of the running unit and of the prefetched next one, in the
-        # compute type (FSDP's mixed precision gathers 16-bit weights), and in backward the
-        # running unit's unsharded gradient until it is reduce-scattered.
-        largest = max(c.largest_block_params for c in stage.chunks)
-        gathered = largest * (2.0 * job.gathered_weight_bytes + job.whole.numerics().act_bytes)
+        # compute type (FSDP's mixed precision gathers 16-bit weights; 4-bit ones stay
+        # packed), and in backward the running unit's unsharded gradient (of the weights
+        # that train) until it is reduce-scattered.
+        whole, act = job.whole, job.whole.numerics().act_bytes
+        units: dict[str, float] = {}
+        for la in layers:
+            weight = (whole.frozen_bytes(la) if whole.quantized(la)
+                      else job.gathered_weight_bytes)
+            grad = act if whole.trains_weights(la) else 0.0
+            key = la.block or la.name
+            units[key] = units.get(key, 0.0) + la.params * (2.0 * weight + grad)
+        gathered = max(units.values(), default=0.0)
     # PyTorch DDP copies each gradient into its bucket for the all-reduce (the default
     # gradient_as_bucket_view=False keeps the buckets beside the gradients for the job's
     # life); Megatron-LM's gradients live in their reduce buffer already.
