@@ -12,7 +12,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpusim import cli_compare, cli_explore, cli_scaling, cli_search, cli_validation, numbers, units
+from gpusim import (
+    cli_compare,
+    cli_explore,
+    cli_scaling,
+    cli_search,
+    cli_validation,
+    numbers,
+    paths,
+    units,
+)
 from gpusim.comm.topology import system_for_gpu
 from gpusim.errors import GpusimError, InvalidConfig, OutOfMemory
 from gpusim.estimate import build_job, estimate, resolve_model
@@ -160,11 +169,13 @@ def _parser() -> argparse.ArgumentParser:
                            "runs beside them, e.g. 0.1 (default 0: no interference)")
     out = e.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
-    out.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON)")
-    out.add_argument("--plot", metavar="FILE", help="write a PNG of the timeline and breakdown")
-    out.add_argument("--memory-plot", metavar="FILE",
+    out.add_argument("--trace", metavar="FILE", type=paths.trace,
+                     help="write a Chrome/Perfetto trace (JSON)")
+    out.add_argument("--plot", metavar="FILE", type=paths.figure,
+                     help="write a PNG of the timeline and breakdown")
+    out.add_argument("--memory-plot", metavar="FILE", type=paths.figure,
                      help="write a PNG of the memory breakdown against the usable memory")
-    out.add_argument("--roofline", metavar="FILE",
+    out.add_argument("--roofline", metavar="FILE", type=paths.figure,
                      help="write a PNG of the device's roofline with the step's kernels on it "
                           "(single-device jobs)")
 

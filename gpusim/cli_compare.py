@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpusim import numbers, units
+from gpusim import numbers, paths, units
 from gpusim.cli_explore import add_run_length_flags
 from gpusim.errors import InvalidConfig
 from gpusim.explore.compare import SORT_KEYS, Comparison, budget, compare
@@ -67,7 +67,7 @@ def add_parsers(sub: Any) -> None:
                      help="the most devices of one kind to consider (default 64)")
     out = c.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
-    out.add_argument("--plot", metavar="FILE",
+    out.add_argument("--plot", metavar="FILE", type=paths.figure,
                      help="write ranked bars and the time-versus-cost Pareto front")
 
 

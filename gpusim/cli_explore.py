@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from gpusim import numbers
+from gpusim import numbers, paths
 from gpusim.errors import InvalidConfig
 from gpusim.explore import values
 from gpusim.explore.sweep import METRICS, SweepResult, sweep
@@ -84,9 +84,11 @@ def add_parsers(sub: Any) -> None:
                         "gpu.matrix_tflops.bf16, ...) and its values: START:STOP:COUNT, "
                         "START:STOP:COUNT:log, or x,y,z; repeat for the cartesian product")
     out = s.add_argument_group("output")
-    out.add_argument("--out", metavar="FILE", help="results, .csv, .json or .jsonl; written "
+    out.add_argument("--out", metavar="FILE", type=paths.output_file(".csv", ".json", ".jsonl"),
+                     help="results, .csv, .json or .jsonl; written "
                                                    "point by point, and resumed from")
-    out.add_argument("--plot", metavar="FILE", help="write a PNG/SVG/PDF of --metric")
+    out.add_argument("--plot", metavar="FILE", type=paths.figure,
+                     help="write a PNG/SVG/PDF of --metric")
     out.add_argument("--metric", default="step_time_s",
                      choices=[m for m in METRICS if m not in ("fits", "error")],
                      help="what the plot and the table show (default step_time_s)")

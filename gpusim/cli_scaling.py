@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpusim import numbers
+from gpusim import numbers, paths
 from gpusim.errors import InvalidConfig
 from gpusim.explore.scaling import ScalingRow, scaling
 from gpusim.plan.job import (
@@ -56,7 +56,8 @@ def add_parsers(sub: Any) -> None:
                    help="data-loader workers per data-parallel replica (default 8; 0: "
                         "synthetic data on the device)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--plot", metavar="FILE", help="write a PNG of throughput and efficiency")
+    s.add_argument("--plot", metavar="FILE", type=paths.figure,
+                   help="write a PNG of throughput and efficiency")
 
 
 def _counts(text: str) -> list[int]:

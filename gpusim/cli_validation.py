@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import Any
 
-from gpusim import numbers
+from gpusim import numbers, paths
 from gpusim.calibrate import fit
 from gpusim.errors import MissingDependency
 from gpusim.hardware.calibration import load_calibration_file
@@ -64,7 +64,8 @@ def add_parsers(sub: Any) -> None:
                                           "(default: the repository's measurements/)")
     v.add_argument("--layers", action="store_true", help="print every layer's row too")
     v.add_argument("--json", action="store_true", help="machine-readable report")
-    v.add_argument("--plot", help="write predicted-against-measured to this PNG/SVG/PDF")
+    v.add_argument("--plot", type=paths.figure,
+                   help="write predicted-against-measured to this PNG/SVG/PDF")
 
 
 def measure(args: argparse.Namespace) -> int:

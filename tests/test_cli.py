@@ -215,3 +215,20 @@ def test_transformer_flags_build_a_true_llama3_8b(capsys: pytest.CaptureFixture[
     assert main(["estimate", "--model", "gpt2", "--gpu", "h100", "--batch-size", "1",
                  "--mlp", "swiglu"]) == 2
     assert "apply only to --model transformer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, path, message", [
+    ("--plot", "missing-folder/step.png", "does not exist"),
+    ("--plot", ".", "write a .png"),
+    ("--trace", "step.txt", "write a .json"),
+    ("--memory-plot", "memory.gif", "write a .png"),
+])
+def test_output_files_are_checked_before_any_work(flag: str, path: str, message: str,
+                                                  tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", "--model", "gpt2", "--gpu", "h100", "--batch-size", "8", flag, path])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,31 @@
+"""Output files checked before any work starts: a plot or trace into a folder that does not
+exist, onto a folder, or with a type nothing writes would otherwise fail only at the end."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+FIGURES = (".png", ".svg", ".pdf")
+
+
+def output_file(*suffixes: str) -> Callable[[str], str]:
+    """An argparse type for a file to write, of one of ``suffixes``."""
+    def check(text: str) -> str:
+        path = Path(text)
+        if path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(
+                f"{text}: write a {', '.join(suffixes)} file (the name says which)")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: the folder {parent} does not exist")
+        return text
+    check.__name__ = "output file"
+    return check
+
+
+figure = output_file(*FIGURES)
+trace = output_file(".json")
