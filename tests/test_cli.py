@@ -232,3 +232,25 @@ def test_output_files_are_checked_before_any_work(flag: str, path: str, message:
         main(["estimate", "--model", "gpt2", "--gpu", "h100", "--batch-size", "8", flag, path])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body, message", [
+    ("input: {features: 784}\nlayers: [{type: linear, out: 0}]", "at least 1"),
+    ("input: {features: 784}\nlayers: [{type: linear, out: -10}]", "at least 1"),
+    ("input: {features: 784}\nlayers: [{type: linear, out: .inf}]", "whole number"),
+    ("input: {features: 784}\nlayers: [{type: linear, out: 10.7}]", "whole number"),
+    ("input: {channels: 3, height: 8, width: 8}\n"
+     "layers: [{type: conv2d, out: 4, kernel: 3, stride: 0}]", "stride"),
+    ("input: {channels: 3, height: 8, width: 8}\nlayers: [{type: conv2d, out: 4, kernel: 11}]",
+     "larger than its input"),
+    ("transformer: null", "mapping"),
+    ("input: {features: 784}\nlayers: 5", "list of at least one"),
+    ("input: {features: 784}\nlayers: []", "list of at least one"),
+])
+def test_malformed_model_files_name_the_layer(body: str, message: str, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(f"name: m\n{body}\n")
+    assert main(["estimate", "--model", str(path), "--gpu", "h100", "--batch-size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

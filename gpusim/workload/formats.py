@@ -52,6 +52,9 @@ def load_model_file(path: str | Path, seq_len: int | None = None) -> Model:
 def model_from_dict(data: dict[str, Any], source: str, seq_len: int | None = None) -> Model:
     name = str(data.get("name", Path(source).stem))
     if "transformer" in data:
+        if not isinstance(data["transformer"], dict):
+            raise InvalidModel(f"{source}: transformer must be a mapping of dimensions "
+                               f"(layers, hidden, heads, ...)")
         try:
             cfg = TransformerConfig.model_validate({"name": name, **data["transformer"]})
         except ValidationError as exc:
@@ -62,25 +65,46 @@ def model_from_dict(data: dict[str, Any], source: str, seq_len: int | None = Non
     raise InvalidModel(f"{source}: expected a 'transformer' mapping, or 'input' and 'layers'")
 
 
+def _whole(value: Any, what: str, least: int = 1) -> int:
+    """A whole number of at least ``least``: not a bool, a fraction, an infinity or text."""
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer())
+    if not whole:
+        raise ValueError(f"{what} must be a whole number (got {value!r})")
+    if int(value) < least:
+        raise ValueError(f"{what} must be at least {least} (got {value!r})")
+    return int(value)
+
+
 def _sequential(name: str, data: dict[str, Any], source: str) -> Model:
     shape = data["input"]
     if not isinstance(shape, dict):
         raise InvalidModel(f"{source}: input must be a mapping")
-    if "features" in shape:
-        b = ShapeBuilder(int(shape["features"]), 1, 1)
-    else:
-        try:
-            b = ShapeBuilder(int(shape["channels"]), int(shape["height"]), int(shape["width"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidModel(f"{source}: input needs features, or channels, height and "
-                               f"width") from exc
-    for i, spec in enumerate(data["layers"]):
+    try:
+        if "features" in shape:
+            b = ShapeBuilder(_whole(shape["features"], "input features"), 1, 1)
+        else:
+            b = ShapeBuilder(_whole(shape["channels"], "input channels"),
+                             _whole(shape["height"], "input height"),
+                             _whole(shape["width"], "input width"))
+    except KeyError as exc:
+        raise InvalidModel(f"{source}: input needs features, or channels, height and "
+                           f"width") from exc
+    except ValueError as exc:
+        raise InvalidModel(f"{source}: {exc}") from exc
+    layers = data["layers"]
+    if not isinstance(layers, list) or not layers:
+        raise InvalidModel(f"{source}: layers must be a list of at least one layer")
+    for i, spec in enumerate(layers):
         if not isinstance(spec, dict) or "type" not in spec:
             raise InvalidModel(f"{source}: layers[{i}] needs a type")
         try:
             _add(b, f"{spec['type']}{i}", spec)
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidModel(f"{source}: layers[{i}] ({spec['type']}): {exc}") from exc
+        if min(b.c, b.h, b.w) < 1:
+            raise InvalidModel(f"{source}: layers[{i}] ({spec['type']}) leaves an empty output "
+                               f"({b.c} x {b.h} x {b.w}): its kernel is larger than its input")
     spec_in = InputSpec(4.0 * _input_elements(shape), _INPUT.loader_cpu_s, _INPUT.description)
     return Model(name, tuple(b.layers), spec_in, "custom",
                  description=str(data.get("description", "")))
@@ -95,24 +119,27 @@ def _input_elements(shape: dict[str, Any]) -> int:
 def _add(b: ShapeBuilder, name: str, spec: dict[str, Any]) -> None:
     kind = spec["type"]
     if kind == "conv2d":
-        b.conv(name, int(spec["out"]), int(spec["kernel"]), int(spec.get("stride", 1)),
-               int(spec.get("padding", 0)), bool(spec.get("bias", False)))
+        b.conv(name, _whole(spec["out"], "out"), _whole(spec["kernel"], "kernel"),
+               _whole(spec.get("stride", 1), "stride"),
+               _whole(spec.get("padding", 0), "padding", 0), bool(spec.get("bias", False)))
     elif kind == "batchnorm":
         b.bn(name)
     elif kind in ("relu", "gelu", "dropout"):
         make = {"relu": relu, "gelu": gelu, "dropout": dropout}[kind]
         b.layers.append(make(name, b.elements))
     elif kind in ("maxpool", "avgpool"):
-        k = int(spec.get("kernel", 2))
-        b.pool(name, k, int(spec.get("stride", k)), int(spec.get("padding", 0)), op=kind)
+        k = _whole(spec.get("kernel", 2), "kernel")
+        b.pool(name, k, _whole(spec.get("stride", k), "stride"),
+               _whole(spec.get("padding", 0), "padding", 0), op=kind)
     elif kind == "global_avgpool":
         b.global_pool(name)
     elif kind == "flatten":
         b.c, b.h, b.w = b.elements, 1, 1
     elif kind == "linear":
         width = b.elements
-        b.layers.append(Linear(name, width, int(spec["out"]), bias=bool(spec.get("bias", True))))
-        b.c, b.h, b.w = int(spec["out"]), 1, 1
+        out = _whole(spec["out"], "out")
+        b.layers.append(Linear(name, width, out, bias=bool(spec.get("bias", True))))
+        b.c, b.h, b.w = out, 1, 1
     elif kind == "cross_entropy":
         b.layers.append(CrossEntropy(name, b.elements))
     else:
