@@ -129,3 +129,35 @@ def test_default_gemm_efficiency_stays_under_the_measured_ceiling(gpu: str,
     would make every GEMM faster than the hardware has been seen to run."""
     cal = calibration_for(load_gpu(gpu))
     assert cal.gemm_efficiency("bf16") < ceiling
+
+
+def test_bad_files_are_refused_before_they_are_read(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder, a FIFO (reading would block), a device (reading would never end), non-UTF-8
+    bytes, a key given twice, an infinite bandwidth and a bool for a count (issue 17)."""
+    import os
+
+    from gpusim.cli import main
+
+    source = (Path(__file__).resolve().parents[1] / "hardware_profiles" / "gpus"
+              / "h100-sxm.yaml").read_text()
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    device = tmp_path / "zero.yaml"
+    device.symlink_to("/dev/zero")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: x\n\xe9\n")
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(source + "memory_gib: 80\n")
+    infinite = tmp_path / "inf.yaml"
+    infinite.write_text(source.replace("memory_bandwidth_gb_s: 3352",
+                                       "memory_bandwidth_gb_s: .inf"))
+    flag = tmp_path / "bool.yaml"
+    flag.write_text(source.replace("compute_units: 132", "compute_units: true"))
+    cases = [(tmp_path, "not a regular file"), (fifo, "not a regular file"),
+             (device, "not a regular file"), (latin, "not UTF-8"),
+             (twice, "more than once"), (infinite, "finite"), (flag, "integer")]
+    for path, message in cases:
+        assert main(["profiles", "check", str(path)]) == 2, path
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (path, err)

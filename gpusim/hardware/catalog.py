@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -64,12 +65,49 @@ _Loader.yaml_implicit_resolvers = {
 }
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping from ``path``, or InvalidProfile naming the file and the problem."""
+def _mapping_without_duplicates(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+    keys = [loader.construct_object(k, deep=True) for k, _ in node.value]
+    repeated = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{', '.join(repeated)} given more than once", node.start_mark)
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                        _mapping_without_duplicates)
+
+# A profile, model or stack file is a few kilobytes; anything this large is not one.
+LARGEST_INPUT_FILE = 10 * 2**20
+
+
+def read_text_file(path: Path) -> str:
+    """The text of a regular UTF-8 file of reasonable size, or InvalidProfile saying why not
+    (a folder, a FIFO or a device would otherwise fail late, block or never end)."""
     try:
-        data = yaml.load(path.read_text(), Loader=_Loader)
+        info = path.stat()
     except FileNotFoundError as exc:
         raise InvalidProfile(f"{path}: no such file") from exc
+    except OSError as exc:
+        raise InvalidProfile(f"{path}: cannot be read ({exc.strerror})") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidProfile(f"{path}: not a regular file")
+    if info.st_size > LARGEST_INPUT_FILE:
+        raise InvalidProfile(f"{path}: {info.st_size:,} bytes is far larger than any profile, "
+                             f"model or stack file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidProfile(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    except OSError as exc:
+        raise InvalidProfile(f"{path}: cannot be read ({exc.strerror})") from exc
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``, or InvalidProfile naming the file and the problem."""
+    text = read_text_file(path)
+    try:
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise InvalidProfile(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from exc
     if not isinstance(data, dict):

@@ -21,7 +21,7 @@ Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 PRECISIONS: tuple[Precision, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 
 Positive = Annotated[float, Field(gt=0)]
-PositiveInt = Annotated[int, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
 _DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 
@@ -37,7 +37,9 @@ _UNSOURCED = frozenset(
 class Frozen(BaseModel):
     """Base of every record: immutable, and unknown keys are errors (catches typos in files)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Numbers must be finite (.inf and 1e309 are typing slips) and counts real integers
+    # (true is not 1 SM).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=False)
 
 
 class PriceQuote(Frozen):
