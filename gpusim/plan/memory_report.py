@@ -66,17 +66,19 @@ class MemoryReport:
                  if isinstance(job, ParallelJob) else f"{self.device}, microbatch "
                  f"{self.microbatch}")
         verdict = "fits" if plan.fits else "does NOT fit"
+        gpu = (job.topology.gpu if isinstance(job, ParallelJob) else job.device).is_gpu
         lines = [f"{job.model.name} on {where}, recompute {job.checkpointing}: {verdict}",
                  "",
-                 f"  peak allocated   {units.human_bytes(plan.peak_bytes):>12}  per GPU "
-                 f"(torch.cuda.max_memory_allocated)",
-                 f"  peak reserved    {units.human_bytes(plan.reserved_bytes):>12}  "
-                 f"(the caching allocator's, max_memory_reserved)",
-                 f"  needed           {units.human_bytes(plan.required_bytes):>12}  "
-                 f"(allocated + CUDA context and framework)",
-                 f"  usable           {units.human_bytes(plan.usable_bytes):>12}  of "
-                 f"{units.human_bytes(plan.capacity)}",
-                 "", "  at the peak"]
+                 f"  peak allocated   {units.human_bytes(plan.peak_bytes):>12}  "
+                 + ("per GPU (torch.cuda.max_memory_allocated)" if gpu else "in host memory")]
+        if gpu:
+            lines.append(f"  peak reserved    {units.human_bytes(plan.reserved_bytes):>12}  "
+                         f"(the caching allocator's, max_memory_reserved)")
+        lines += [(f"  needed           {units.human_bytes(plan.required_bytes):>12}  "
+                   + ("(allocated + CUDA context and framework)" if gpu else "")).rstrip(),
+                  f"  usable           {units.human_bytes(plan.usable_bytes):>12}  of "
+                  f"{units.human_bytes(plan.capacity)}",
+                  "", "  at the peak"]
         for key, value in plan.breakdown().items():
             if value:
                 lines.append(f"    {key.replace('_', ' '):22s} {units.human_bytes(value):>12}")
