@@ -20,7 +20,6 @@ from gpusim.hardware.catalog import load_device, load_system
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
 from gpusim.plan.autocast import autocasts
 from gpusim.plan.job import (
-    ALL_BUT_ADAPTERS,
     DEFAULT_LOADER_WORKERS,
     Checkpointing,
     Optimizer,
@@ -390,7 +389,6 @@ def build_job(
         targets = (parse_targets(lora_targets) if isinstance(lora_targets, str)
                    else lora_targets)
         net = add_lora(net, lora_rank, targets, lora_dropout)
-        frozen = (*frozen, ALL_BUT_ADAPTERS)
     if num_gpus < 1:
         raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
     parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
@@ -401,7 +399,8 @@ def build_job(
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
         job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
-                          stack=framework, offload=offload, quantized_base=quantized)
+                          stack=framework, offload=offload, quantized_base=quantized,
+                          adapters_only=finetune != "full")
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
@@ -415,7 +414,8 @@ def build_job(
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
                        frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
-                       stack=framework, offload=offload, quantized_base=quantized)
+                       stack=framework, offload=offload, quantized_base=quantized,
+                       adapters_only=finetune != "full")
     if max_batch:
         share = batch_size // config.data
 
@@ -526,7 +526,7 @@ def estimate(
         assumptions.insert(0, f"{finetune}: rank-{lora_rank} adapters on {count} "
                               f"projections ({trains} parameters train), {base}")
     if job.model.family == "transformer" or stack is not None:
-        assumptions.insert(0, load_stack(stack).describe())
+        assumptions.insert(0, (job.stack or load_stack(stack)).describe())
     if max_batch:
         micro = (job.parallel.microbatch_size if isinstance(job, ParallelJob)
                  else job.microbatch_size)

@@ -90,14 +90,15 @@ def stack_names() -> list[str]:
 
 @functools.cache
 def default_stack() -> Stack:
-    return load_stack(DEFAULT_STACK)
+    return _read(stacks_dir() / f"{DEFAULT_STACK}.yaml")
 
 
 def load_stack(name: str | Stack | None = None) -> Stack:
     """A stack by name (``stacks/<name>.yaml``) or from a YAML file path."""
     if isinstance(name, Stack):
         return name
-    name = name or DEFAULT_STACK
+    if name is None or name == DEFAULT_STACK:
+        return default_stack()
     path = Path(name)
     if path.suffix not in (".yaml", ".yml"):
         path = stacks_dir() / f"{name}.yaml"
@@ -106,6 +107,10 @@ def load_stack(name: str | Stack | None = None) -> Stack:
                               f"(or give a stack YAML file)")
     elif not path.is_file():
         raise InvalidConfig(f"stack file {name} does not exist")
+    return _read(path)
+
+
+def _read(path: Path) -> Stack:
     try:
         return Stack(**read_yaml(path))
     except ValidationError as exc:

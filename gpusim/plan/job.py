@@ -32,8 +32,6 @@ Checkpointing = str
 DEFAULT_LOADER_WORKERS = 8
 
 
-# The frozen "prefix" of LoRA fine-tuning: every layer but the adapters.
-ALL_BUT_ADAPTERS = "*"
 # bitsandbytes' NF4 with double quantization: 4 bits a weight, an 8-bit scale per 64
 # weights and an fp32 scale per 256 of those (Dettmers et al. 2023, QLoRA, section 3:
 # 4.127 bits a parameter).
@@ -42,10 +40,7 @@ NF4_BYTES = (4 + 8 / 64 + 32 / (64 * 256)) / 8
 
 def in_prefix(name: str, prefix: str) -> bool:
     """Whether layer ``name`` is ``prefix`` or inside it ("h.1" holds "h.1.mlp", not "h.10";
-    a prefix ending in a dot, "h.", holds every name that starts with it; "*" holds every
-    layer but LoRA adapters)."""
-    if prefix == ALL_BUT_ADAPTERS:
-        return not name.endswith(LORA_SUFFIX)
+    a prefix ending in a dot, "h.", holds every name that starts with it)."""
     if prefix.endswith("."):
         return name.startswith(prefix)
     return name == prefix or name.startswith(prefix + ".")
@@ -83,6 +78,7 @@ class TrainingJob:
     stack: Stack | None = None  # how the framework runs the step (None: the default stack)
     offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
     quantized_base: bool = False  # frozen projections held in 4-bit NF4 (QLoRA)
+    adapters_only: bool = False  # LoRA: only the adapters train, the base is frozen
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -167,6 +163,8 @@ class TrainingJob:
         return NF4_BYTES if self.quantized(layer) else self.frozen_weight_bytes
 
     def is_trainable(self, layer_name: str) -> bool:
+        if self.adapters_only and not layer_name.endswith(LORA_SUFFIX):
+            return False
         return not any(in_prefix(layer_name, p) for p in self.frozen)
 
     def trains_weights(self, layer: Layer) -> bool:

@@ -95,9 +95,13 @@ class MemoryReport:
         return "\n".join(lines)
 
 
-def _stage_plans(job: ParallelJob) -> list[MemoryPlan]:
-    plan = plan_parallel(job)
-    return [stage_memory(plan, st) for st in plan.stages]
+def peak_plan(job: Job) -> MemoryPlan:
+    """The memory plan of the job's fullest GPU (its fullest pipeline stage)."""
+    if isinstance(job, ParallelJob):
+        plan = plan_parallel(job)
+        return max((stage_memory(plan, st) for st in plan.stages),
+                   key=lambda m: m.required_bytes)
+    return memory_plan(job)
 
 
 def _with_microbatch(job: Job, m: int) -> Job:
@@ -109,8 +113,7 @@ def _with_microbatch(job: Job, m: int) -> Job:
 
 
 def _fits(job: Job) -> bool:
-    plans = _stage_plans(job) if isinstance(job, ParallelJob) else [memory_plan(job)]
-    return all(p.fits for p in plans)
+    return peak_plan(job).fits
 
 
 def largest_microbatch(job: Job, most: int = LARGEST_MICROBATCH) -> int:
@@ -131,10 +134,13 @@ def largest_microbatch(job: Job, most: int = LARGEST_MICROBATCH) -> int:
 def memory_report(job: Job) -> MemoryReport:
     """The memory of ``job`` per GPU (its fullest stage) without simulating a step."""
     if isinstance(job, ParallelJob):
-        plans = _stage_plans(job)
+        parallel = plan_parallel(job)
+        plans = [stage_memory(parallel, st) for st in parallel.stages]
         stage = max(range(len(plans)), key=lambda i: plans[i].required_bytes)
         plan = plans[stage]
-        sub = _stage_model(job, stage)
+        layers = tuple(la for c in parallel.stages[stage].chunks for la in c.layers)
+        sub = Model(f"{job.model.name}-stage{stage}", layers, job.model.input,
+                    job.model.family, job.model.tokens_per_sample)
         one = job.stage_job(sub, first=stage == 0)
     else:
         stage, plan, one = 0, memory_plan(job), job
@@ -150,13 +156,6 @@ def memory_report(job: Job) -> MemoryReport:
     by_kind = {k: v * scale for k, v in by_kind.items() if v}
     return MemoryReport(job, plan, stage, by_kind, working, _peak_at(job, plan, stage),
                         largest_microbatch(job))
-
-
-def _stage_model(job: ParallelJob, stage: int) -> Model:
-    plan = plan_parallel(job)
-    layers = tuple(la for c in plan.stages[stage].chunks for la in c.layers)
-    return Model(f"{job.model.name}-stage{stage}", layers, job.model.input, job.model.family,
-                 job.model.tokens_per_sample)
 
 
 def _peak_at(job: Job, plan: MemoryPlan, stage: int) -> str:

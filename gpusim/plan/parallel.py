@@ -228,7 +228,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     plans = []
     for index, layers in enumerate(layer_chunks):
         # Middle chunks hold identical blocks under different names: cost one of each shape.
-        trains = tuple(job.whole.trains_weights(la) for la in layers) if job.frozen else ()
+        trains = tuple(job.whole.trains_weights(la) for la in layers) if job.freezes else ()
         key = (shape, min(index, 1), trains,
                tuple(replace(la, name="", block="") for la in layers))
         if key not in cache:

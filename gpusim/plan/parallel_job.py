@@ -114,6 +114,7 @@ class ParallelJob:
     stack: Stack | None = None  # how the framework runs the step (None: the default stack)
     offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
     quantized_base: bool = False  # frozen projections held in 4-bit NF4 (QLoRA)
+    adapters_only: bool = False  # LoRA: only the adapters train, the base is frozen
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -180,6 +181,11 @@ class ParallelJob:
         return self.parallel.tensor > 1 or self.parallel.pipeline > 1
 
     @property
+    def freezes(self) -> bool:
+        """Whether some weights do not train (frozen prefixes, or a LoRA base)."""
+        return bool(self.frozen) or self.adapters_only
+
+    @property
     def fsdp(self) -> bool:
         """ZeRO-3 without Megatron-LM semantics is PyTorch FSDP (full sharding) with its
         mixed precision: fp32 weight shards, gathered a unit at a time in the compute type."""
@@ -209,14 +215,15 @@ class ParallelJob:
                            loader_workers=0, master_weights=self.master_weights,
                            input_requires_grad=not first, fsdp=self.fsdp,
                            pure_bf16=self.pure_bf16, stack=self.stack,
-                           offload=self.offload, quantized_base=self.quantized_base)
+                           offload=self.offload, quantized_base=self.quantized_base,
+                           adapters_only=self.adapters_only)
 
     @cached_property
     def model_flops_per_sample(self) -> float:
         """Model FLOPs of one sample, forward and backward; with layers frozen, only the
         backward that runs: no weight gradients for them, no input gradients before the
         first layer that trains."""
-        if not self.frozen:
+        if not self.freezes:
             return self.model.training_flops_per_sample
         return self.model.training_flops(self.whole.trains_weights)
 

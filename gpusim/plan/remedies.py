@@ -22,8 +22,8 @@ from gpusim.errors import GpusimError, OutOfMemory
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import TrainingJob
-from gpusim.plan.memory import MemoryPlan, memory_plan
-from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.memory import MemoryPlan
+from gpusim.plan.memory_report import peak_plan
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 
 # How far "more GPUs" looks: the job's GPU count times up to this factor.
@@ -50,12 +50,7 @@ Candidate = tuple[str, str, str, str, Callable[[], Job]]
 
 def required_bytes(job: Job) -> tuple[float, bool]:
     """Bytes the job needs per GPU (its largest stage), and whether that fits."""
-    if isinstance(job, ParallelJob):
-        plan = plan_parallel(job)
-        mem = max((stage_memory(plan, st) for st in plan.stages),
-                  key=lambda m: m.required_bytes)
-    else:
-        mem = memory_plan(job)
+    mem = peak_plan(job)
     return mem.required_bytes, mem.fits
 
 
@@ -119,28 +114,25 @@ def advice(job: Job, cli: bool) -> str:
 def check_fits(job: TrainingJob, plan: MemoryPlan) -> None:
     """Raise OutOfMemory with the breakdown (and, when read, what to try) if ``plan`` of a
     one-device job does not fit."""
-    if plan.fits:
-        return
-    raise OutOfMemory(
-        f"{job.model.name} with microbatch {job.microbatch_size} needs "
-        f"{units.human_bytes(plan.required_bytes)} but {job.device.name} has "
-        f"{units.human_bytes(plan.usable_bytes)} usable ({_parts(plan)})",
-        required_bytes=plan.required_bytes, available_bytes=plan.usable_bytes,
-        peak_bytes=plan.peak_bytes, advise=lambda cli: advice(job, cli))
+    if not plan.fits:
+        _out_of_memory(job, plan, f"{job.model.name} with microbatch {job.microbatch_size}",
+                       "", job.device.name)
 
 
 def check_fits_parallel(job: ParallelJob, mems: list[MemoryPlan]) -> None:
     """The same for a parallel job, whose largest stage must fit."""
     stage = max(range(len(mems)), key=lambda i: mems[i].required_bytes)
-    mem = mems[stage]
-    if mem.fits:
-        return
-    p = job.parallel
-    where = f"pipeline stage {stage}" if p.pipeline > 1 else "each GPU"
+    if not mems[stage].fits:
+        p = job.parallel
+        where = f" on pipeline stage {stage}" if p.pipeline > 1 else " on each GPU"
+        _out_of_memory(job, mems[stage], f"{job.model.name} under {p.describe()}", where,
+                       job.topology.gpu.name)
+
+
+def _out_of_memory(job: Job, mem: MemoryPlan, what: str, where: str, device: str) -> None:
     raise OutOfMemory(
-        f"{job.model.name} under {p.describe()} needs {units.human_bytes(mem.required_bytes)} "
-        f"on {where} but {job.topology.gpu.name} has {units.human_bytes(mem.usable_bytes)} "
-        f"usable ({_parts(mem)})",
+        f"{what} needs {units.human_bytes(mem.required_bytes)}{where} but {device} has "
+        f"{units.human_bytes(mem.usable_bytes)} usable ({_parts(mem)})",
         required_bytes=mem.required_bytes, available_bytes=mem.usable_bytes,
         peak_bytes=mem.peak_bytes, advise=lambda cli: advice(job, cli))
 

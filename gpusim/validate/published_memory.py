@@ -27,7 +27,7 @@ from gpusim.explore.values import with_fields
 from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan
-from gpusim.plan.memory_report import memory_report
+from gpusim.plan.memory_report import peak_plan
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -60,11 +60,10 @@ class MemoryCase:
     skipped: str = ""  # why not
 
     def predicted_gib(self) -> float:
-        plan = memory_report(self.job).plan
-        return measured_like(plan, self.kind) / 2**30
+        return measured_like(peak_plan(self.job), self.kind) / 2**30
 
     def fits(self) -> bool:
-        return memory_report(self.job).plan.fits
+        return peak_plan(self.job).fits
 
 
 def measured_like(plan: MemoryPlan, kind: str) -> float:
