@@ -1,0 +1,142 @@
+"""What an estimate assumed, in words: the lines printed under "assumptions" for one
+device and for many."""
+
+from __future__ import annotations
+
+from gpusim import units
+from gpusim.plan.autocast import autocasts
+from gpusim.plan.job import TrainingJob
+from gpusim.plan.parallel_job import ParallelJob
+from gpusim.sim.ranks import Straggler, rank_coords
+from gpusim.workload.layers import Conv2d
+
+_ENERGY = ("energy: each device draws idle power, plus (TDP - idle) while a kernel works "
+           "its bottleneck unit at the attainable rate (ramps, launch gaps, waits and exposed "
+           "communication at idle power); board power only, no host or cooling")
+
+
+def _simulated_ranks(job: ParallelJob, per_rank: bool, straggler: Straggler | None) -> str:
+    p = job.parallel
+    if not per_rank and straggler is None:
+        return "one representative rank per pipeline stage"
+    text = (f"every rank: {p.data * p.pipeline} units (data-parallel replicas x stages), each "
+            f"a tensor-parallel group of {p.tensor} in lockstep")
+    if straggler is not None:
+        at = rank_coords(straggler.rank, p.tensor, p.data, p.pipeline)
+        slow = [f"kernels x{straggler.compute:g}"] if straggler.compute > 1 else []
+        slow += [f"transfers x{straggler.link:g}"] if straggler.link > 1 else []
+        text += (f"; straggler rank {straggler.rank} (stage {at.stage}, replica {at.replica}): "
+                 f"{', '.join(slow) or 'no slowdown'}")
+    return text
+
+
+def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool = False,
+                          straggler: Straggler | None = None,
+                          comm_slowdown: float = 0.0) -> list[str]:
+    p, topo = job.parallel, job.topology
+    num = job.whole.numerics()
+    out = [f"{topo.num_gpus} GPUs on {topo.num_nodes} node(s) of {topo.system.full_name}"
+           + (" (an assumed design: no system profile names this GPU; give --system)"
+              if assumed_system else ""),
+           f"{p.describe()}; {job.microbatches} microbatches per pipeline per step"]
+    if job.master_weights:
+        grads = "fp16" if job.whole.grad_bytes == 2 else "fp32"
+        out.append(f"Megatron-LM style: weights in {num.activation} with fp32 master copies; "
+                   f"gradients reduced in {grads}")
+    elif job.pure_bf16:
+        sharding = {0: "replicated (DDP)", 1: "optimizer states sharded (ZeRO-1)",
+                    2: "optimizer states and gradients sharded (ZeRO-2)",
+                    3: "all sharded, gathered a unit at a time (FSDP)"}[p.zero]
+        out.append(f"pure bf16: weights, gradients and optimizer states in bf16, no fp32 "
+                   f"copies; {sharding}")
+    elif job.fsdp and job.whole.mixed_precision:
+        out.append(f"PyTorch FSDP (full sharding) with mixed precision: fp32 weight, gradient "
+                   f"and optimizer shards; each unit's weights gathered in {num.activation} "
+                   f"(the running unit and the prefetched next), so every layer computes in "
+                   f"{num.activation}; gradients reduce-scattered in fp32")
+    elif job.fsdp:
+        out.append("PyTorch FSDP (full sharding) in fp32: weights gathered a unit at a time, "
+                   "gradients reduce-scattered")
+    else:
+        sharded = {1: " and a sharded optimizer (ZeRO-1)",
+                   2: ", sharded optimizer states and gradients (ZeRO-2)"}.get(p.zero, "")
+        out.append(f"PyTorch DDP with autocast{sharded}: matrix products in {num.matmul}, "
+                   "fp32 weights and gradients")
+    if job.frozen:
+        trains = job.trainable_params(job.model.layers)
+        total = job.model.parameters
+        out.append(f"frozen: {', '.join(job.frozen)}; {units.human_count(trains)} of "
+                   f"{units.human_count(total)} parameters train, and only their gradients "
+                   "are computed, reduced and stepped")
+    if p.data > 1 and p.zero <= 1:
+        out.append("data-parallel gradients reduced in 25 MiB buckets during the last backward "
+                   "pass" if p.overlap_grad_reduce else
+                   "data-parallel gradients reduced in one buffer after the last backward pass")
+    tp_overlap = ("; the backward pass's input gather and gradient reduce-scatter hide behind "
+                  "their layer's GEMMs" if p.sequence_parallel else " (no overlap with compute)")
+    out.append(f"tensor-parallel collectives on the critical path{tp_overlap}; collectives "
+               "take the fastest NCCL algorithm for their size")
+    slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel collective "
+                "runs beside them" if comm_slowdown else
+                "no compute slowdown from communication kernels (--comm-slowdown)")
+    node_links = ("tensor- and data-parallel traffic share a GPU's links inside a "
+                  "node" if job.topology.peers_share_links else
+                  "tensor- and data-parallel peers have links of their own (mesh)")
+    out.append(f"{_simulated_ranks(job, per_rank, straggler)}; pipeline transfers and "
+               f"data-parallel collectives share a GPU's NIC when both leave the node; "
+               f"{node_links}; {slowdown}")
+    out.append(_parallel_input(job))
+    out.append(_ENERGY)
+    return out
+
+
+def _parallel_input(job: ParallelJob) -> str:
+    if not job.loader_workers:
+        return "input: synthetic data already on the device (no loader, no copy)"
+    inp = job.model.input
+    cores = job.host_cores_per_replica
+    share = ("the node's CPU cores unknown (no CPU in the system profile), so workers are "
+             "not capped" if cores is None else
+             f"{cores} of the node's CPU cores per replica cap the workers that help")
+    return (f"input: {inp.description}; {job.loader_workers} loader workers per data-parallel "
+            f"replica at {inp.loader_cpu_s * 1e3:.3g} ms CPU per sample, running on through "
+            f"the step; {share}; host-to-device copies not modelled")
+
+
+def single_assumptions(job: TrainingJob) -> list[str]:
+    num = job.numerics()
+    held = "bf16 (pure bf16: no fp32 copies)" if job.pure_bf16 else "fp32"
+    out = [f"matrix products in {num.matmul}, convolutions in {num.conv}, activations in "
+           f"{num.activation}; weights, gradients and optimizer states in {held}"]
+    if job.frozen and job.mixed_precision:
+        out.append(f"frozen weights held in {num.activation} (as fine-tuning loads them)")
+    if job.precision == "fp32" and num.conv == "tf32":
+        out.append("PyTorch defaults: cuDNN may use TF32 for fp32 convolutions, cuBLAS may not")
+    if job.loader_workers:
+        inp = job.model.input
+        out.append(f"input: {inp.description}; {job.loader_workers} loader workers at "
+                   f"{inp.loader_cpu_s * 1e3:.3g} ms CPU per sample")
+    else:
+        out.append("input: synthetic data already on the device (no loader, no copy)")
+    if job.grad_accum > 2:
+        out.append(f"{job.grad_accum} microbatches: 2 simulated in detail, the rest repeat the "
+                   "last")
+    out.append("PyTorch eager execution, one kernel per op, no CUDA graphs; a host "
+               "synchronize at the end of each step")
+    if job.device.is_gpu and any(isinstance(la, Conv2d) for la in job.model.layers):
+        out.append("tensors in PyTorch's default NCHW layout: cuDNN transposes them for its "
+                   "tensor-core convolutions (channels-last training skips that)")
+    if autocasts(job):
+        out.append("autocast: norms, softmax and a transformer's residual stream stay fp32; "
+                   "each fp32 weight is cast once per forward")
+    out.append(_ENERGY)
+    return out
+
+
+OFFLOAD_TEXT = {
+    "optimizer": "optimizer offloaded (ZeRO-Offload): master weights and Adam states in host "
+                 "memory; each step the gradients go down PCIe, the CPUs step, the weights "
+                 "come back, in turn after the backward pass",
+    "params": "FSDP CPU offload: weight, gradient and optimizer shards in host memory; the "
+              "CPUs step; gradients down and weights up over PCIe after the backward pass",
+}
