@@ -35,6 +35,9 @@ def add_parsers(sub: Any) -> None:
     m.add_argument("--max-minutes", type=numbers.positive, default=None,
                    help="stop starting cases after this long and write what was measured "
                         "(the rest are recorded as skipped); default: no limit")
+    m.add_argument("--kinds", type=lambda text: [k for k in text.split(",") if k],
+                   help="micro suite: only these kinds of case, comma-separated (e.g. "
+                        "dispatch,autograd,layer_host,host_step,optimizer)")
 
     c = sub.add_parser(
         "calibrate", help="fit a device's efficiencies to its measured micro suite",
@@ -76,7 +79,8 @@ def measure(args: argparse.Namespace) -> int:
             f"measuring needs PyTorch ({exc.name} is missing): pip install torch"
         ) from exc
     path = runner.run(args.suite, args.out, args.device, args.repeats, args.quick,
-                      layers=not args.no_layers, max_minutes=args.max_minutes)
+                      layers=not args.no_layers, max_minutes=args.max_minutes,
+                      kinds=args.kinds)
     print(f"wrote {path}")
     return 0
 

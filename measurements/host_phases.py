@@ -65,7 +65,7 @@ def phases(case: models.ModelCase, device: torch.device) -> dict:
         synchronize(device)
         t_end = clock()
         for name, a, b in zip(("zero_grad", "forward", "backward", "optimizer"),
-                              marks, marks[1:]):
+                              marks, marks[1:], strict=False):
             rows[name].append(b - a)
         rows["host"].append(marks[-1] - t0)
         rows["drain"].append(t_end - marks[-1])
@@ -78,7 +78,6 @@ def phases(case: models.ModelCase, device: torch.device) -> dict:
     back_to_back = (clock() - t0) / STEPS
     out = {"id": case.id, "back_to_back_step_s": back_to_back,
            **{f"{k}_s": statistics.median(v) for k, v in rows.items()}}
-    del net, opt
     return out
 
 

@@ -209,3 +209,57 @@ def time_layer_host(spec: dict[str, Any], precision: str, device: torch.device,
             if phase in row:
                 out[f"{row['layer']}/{phase}"] = Timing(**row[phase])
     return out
+
+
+HOST_STEP_PHASES = ("zero_grad", "forward", "backward", "optimizer")
+
+
+def time_host_step(spec: dict[str, Any], precision: str, device: torch.device,
+                   repeats: int) -> dict[str, Timing]:
+    """A tiny model's whole training step (zero_grad, forward with the loss, backward(),
+    PyTorch's default Adam), each phase timed on the host's clock: at this size the device
+    is idle between launches, so this is what the host pays per step, phase by phase, with
+    one backward() call spread over every layer as in a real step."""
+    import statistics
+    import time
+
+    from gpusim.measure import models
+    from gpusim.measure.timing import synchronize
+    from gpusim.measure.torch_model import Network
+    from gpusim.workload.formats import model_from_spec
+
+    models.set_precision_flags(precision, device)
+    torch.manual_seed(0)
+    net = Network(model_from_spec(spec), LAYER_HOST_BATCH, device, inplace=True)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    clock = time.perf_counter
+
+    def step() -> list[float]:
+        marks = [clock()]
+        opt.zero_grad(set_to_none=True)
+        marks.append(clock())
+        with models.autocast(precision, device):
+            loss = net()
+        marks.append(clock())
+        loss.backward()
+        marks.append(clock())
+        opt.step()
+        marks.append(clock())
+        return marks
+
+    for _ in range(5):
+        step()
+    samples: dict[str, list[float]] = {p: [] for p in HOST_STEP_PHASES}
+    for _ in range(repeats):
+        synchronize(device)
+        marks = step()
+        for phase, a, b in zip(HOST_STEP_PHASES, marks, marks[1:], strict=False):
+            samples[phase].append(b - a)
+    synchronize(device)
+
+    def timing(values: list[float]) -> Timing:
+        ranked = sorted(values)
+        return Timing(statistics.median(values), ranked[len(ranked) // 10],
+                      ranked[min(len(ranked) - 1, (9 * len(ranked)) // 10)], repeats, 1)
+
+    return {phase: timing(values) for phase, values in samples.items()}

@@ -119,6 +119,7 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                    lambda r, o=op, s=size: micro.time_elementwise(o, s, device, r, cache))
     yield from _row_kernel_cases(device, quick, lim.max_bytes / 4, cache)
     yield from _layer_host_cases(device, quick)
+    yield from _host_step_cases(device, quick)
     yield from _adamw_cases(device, quick)
     yield from _batch_norm_cases(device, quick, 128 if device.type == "cuda" else 2)
     if device.type == "cuda":
@@ -143,6 +144,20 @@ def _layer_host_cases(device: torch.device, quick: bool) -> Iterator[
             yield ({"id": f"layer-host/{name}/{prec}", "kind": "layer_host", "model": spec,
                     "batch_size": micro_layers.LAYER_HOST_BATCH, "precision": prec},
                    lambda r, s=spec, p=prec: micro_layers.time_layer_host(s, p, device, r))
+
+
+def _host_step_cases(device: torch.device, quick: bool) -> Iterator[
+        tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
+    """The same tiny models' whole training steps, each phase on the host's clock: what
+    the host pays per step, with its one backward() call, as a step really runs."""
+    precisions = ("fp32", "bf16") if device.type == "cuda" else ("fp32",)
+    for spec in micro_layers.LAYER_HOST_MODELS[:1] if quick else micro_layers.LAYER_HOST_MODELS:
+        name = spec.get("zoo") or spec["name"]
+        for prec in precisions:
+            yield ({"id": f"host-step/{name}/{prec}", "kind": "host_step", "model": spec,
+                    "batch_size": micro_layers.LAYER_HOST_BATCH, "precision": prec,
+                    "optimizer": "adam"},
+                   lambda r, s=spec, p=prec: micro_layers.time_host_step(s, p, device, r))
 
 
 def _graph_cases(device: torch.device, quick: bool, cache: float) -> Iterator[
@@ -241,9 +256,10 @@ TIME_LIMIT = "time limit (--max-minutes) reached before this case"
 
 
 def _run_micro(device: torch.device, repeats: int, quick: bool,
-               deadline: Deadline) -> list[dict[str, Any]]:
+               deadline: Deadline, kinds: set[str] | None = None) -> list[dict[str, Any]]:
     rows = []
-    cases = list(micro_cases(device, quick))
+    cases = [(case, fn) for case, fn in micro_cases(device, quick)
+             if kinds is None or case["kind"] in kinds]
     for i, (case, fn) in enumerate(cases, 1):
         if deadline.passed():
             rows.append({**case, "skipped": TIME_LIMIT})
@@ -312,8 +328,9 @@ def summary_table(data: dict[str, Any]) -> str:
 
 def run(suite: str, out_dir: str | Path, device_name: str | None = None,
         repeats: int = REPEATS, quick: bool = False, layers: bool = True,
-        max_minutes: float | None = None) -> Path:
-    """Measure ``suite`` on this machine and write ``<out_dir>/<suite>.json``."""
+        max_minutes: float | None = None, kinds: list[str] | None = None) -> Path:
+    """Measure ``suite`` on this machine and write ``<out_dir>/<suite>.json``; ``kinds``
+    keeps only those kinds of micro case."""
     if suite not in results.SUITES:
         raise InvalidConfig(f"unknown suite {suite!r}; use micro or models")
     if repeats < 1:
@@ -324,14 +341,15 @@ def run(suite: str, out_dir: str | Path, device_name: str | None = None,
     info = provenance.collect(device)
     started = time.perf_counter()
     if suite == "micro":
-        cases = _run_micro(device, repeats, quick, deadline)
+        cases = _run_micro(device, repeats, quick, deadline, set(kinds) if kinds else None)
     else:
         cases = _run_models(device, repeats, quick, layers, deadline)
     info["seconds"] = round(time.perf_counter() - started, 1)
     if device.type == "cuda":
         info["clocks_after"] = provenance.gpu_clocks()
     data = {"schema_version": results.SCHEMA_VERSION, "suite": suite, "device": profile.name,
-            "quick": quick, "provenance": info, "switches": provenance.switches(device),
+            "quick": quick, **({"kinds": sorted(kinds)} if kinds else {}),
+            "provenance": info, "switches": provenance.switches(device),
             "cases": cases}
     path = results.write(Path(out_dir) / f"{suite}.json", data)
     print(summary_table(data))
