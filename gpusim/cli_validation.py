@@ -10,7 +10,7 @@ from gpusim import numbers, paths
 from gpusim.calibrate import fit
 from gpusim.errors import MissingDependency
 from gpusim.hardware.calibration import load_calibration_file
-from gpusim.validate.compare import cross_device_ranking, validate_all
+from gpusim.validate.compare import cross_device_ranking, run_spread, validate_all
 from gpusim.validate.report import format_reports
 
 
@@ -65,6 +65,9 @@ def add_parsers(sub: Any) -> None:
                         "(e.g. one fitted on another GPU: the cross-GPU test)")
     v.add_argument("--measurements", help="folder of <device>/models.json files "
                                           "(default: the repository's measurements/)")
+    v.add_argument("--runs", action="store_true",
+                   help="also each repeat run (models-run<N>.json, measured on other leases "
+                        "of the machine), and how far the runs lie apart")
     v.add_argument("--layers", action="store_true", help="print every layer's row too")
     v.add_argument("--json", action="store_true", help="machine-readable report")
     v.add_argument("--plot", type=paths.figure,
@@ -121,14 +124,15 @@ def _clean(value: Any) -> Any:
 
 def validate(args: argparse.Namespace) -> int:
     cal = load_calibration_file(args.calibration) if args.calibration else None
-    reports = validate_all(args.measurements, args.device, cal)
+    reports = validate_all(args.measurements, args.device, cal, runs=args.runs)
     if args.plot:
         from gpusim.plotting.validation import validation_figure
 
         validation_figure(reports, args.plot)
     if args.json:
         out = {"devices": [r.to_dict() for r in reports],
-               "across_devices": cross_device_ranking(reports)}
+               "across_devices": cross_device_ranking(reports),
+               "between_runs": run_spread(reports)}
         print(numbers.dumps(_clean(out), indent=1))
         return 0
     print(format_reports(reports, verbose=args.layers))

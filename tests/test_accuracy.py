@@ -61,3 +61,19 @@ def test_peak_memory_within_budget(report: DeviceReport) -> None:
 def test_ranking_of_cases_within_budget(report: DeviceReport) -> None:
     agreement = report.to_dict()["ranking_agreement"]
     assert agreement >= BUDGETS[report.device]["min_ranking_agreement"]
+
+
+def test_repeat_runs_are_found_and_their_spread_reported() -> None:
+    """Repeat runs of a device on other leases (models-run<N>.json) are validated beside
+    models.json, and the report says how far apart the runs measured: the GPU's own work
+    repeats closely between leases, the host's does not."""
+    from gpusim.validate.compare import run_spread, validate_all
+
+    reports = validate_all(device="h100-sxm", runs=True)
+    assert [r.source.rsplit("/", 1)[-1] for r in reports][0] == "models.json"
+    assert len(reports) >= 2
+    spread = run_spread(reports)["h100-sxm"]
+    assert spread["runs"]["count"] == len(reports)
+    assert spread["device_bound"]["median"] < 0.03
+    assert spread["host_bound"]["median"] > spread["device_bound"]["median"]
+    assert len(validate_all(device="h100-sxm")) == 1  # by default, models.json alone

@@ -102,3 +102,17 @@ def test_results_refuse_the_wrong_suite(tmp_path: Path) -> None:
                                 "provenance": {}, "cases": []}))
     with pytest.raises(Exception, match="needs the models suite"):
         results.load(path, suite="models")
+
+
+def test_kinds_keep_only_those_micro_cases_and_host_steps_time_each_phase(
+        tmp_path: Path) -> None:
+    path = runner.run("micro", tmp_path / "cpu", "epyc-zen4-2vcpu", repeats=3, quick=True,
+                      kinds=["dispatch", "host_step"])
+    data = results.load(path, suite="micro")
+    assert data["kinds"] == ["dispatch", "host_step"]
+    assert {c["kind"] for c in data["cases"]} == {"dispatch", "host_step"}
+    steps = [c for c in data["cases"] if c["kind"] == "host_step"]
+    # One tiny model (quick), its four phases, each a host time of its own.
+    assert sorted(c["pass"] for c in steps) == ["backward", "forward", "optimizer",
+                                                "zero_grad"]
+    assert all(c["median_s"] > 0 and c["model"] == {"zoo": "mnist-mlp"} for c in steps)

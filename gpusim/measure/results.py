@@ -49,11 +49,16 @@ def load(path: str | Path, suite: str | None = None) -> dict[str, Any]:
     return data
 
 
-def find(root: str | Path, suite: str, device: str | None = None) -> list[Path]:
-    """Committed files of ``suite`` under ``root`` (measurements/<device>/<suite>.json)."""
+def find(root: str | Path, suite: str, device: str | None = None,
+         runs: bool = False) -> list[Path]:
+    """Committed files of ``suite`` under ``root`` (measurements/<device>/<suite>.json),
+    with ``runs`` also its repeat runs on other leases (<suite>-run<N>.json)."""
     root = Path(root)
-    pattern = f"{device}/{suite}.json" if device else f"*/{suite}.json"
-    return sorted(root.glob(pattern))
+    folder = device or "*"
+    found = set(root.glob(f"{folder}/{suite}.json"))
+    if runs:
+        found |= set(root.glob(f"{folder}/{suite}-run*.json"))
+    return sorted(found, key=lambda p: (p.parent.name, p.name != f"{suite}.json", p.name))
 
 
 def measurements_dir() -> Path:

@@ -219,11 +219,13 @@ def validate_file(path: str | Path, calibration: Calibration | None = None,
 
 
 def validate_all(root: str | Path | None = None, device: str | None = None,
-                 calibration: Calibration | None = None) -> list[DeviceReport]:
-    """Reports for every device with a committed models suite (or only ``device``)."""
+                 calibration: Calibration | None = None,
+                 runs: bool = False) -> list[DeviceReport]:
+    """Reports for every device with a committed models suite (or only ``device``); with
+    ``runs``, one per repeat run too (each device's models.json first)."""
     root = Path(root) if root is not None else results.measurements_dir()
     name = catalog().find(device).name if device else None
-    files = results.find(root, "models", name)
+    files = results.find(root, "models", name, runs)
     if not files:
         where = f" for {name}" if name else ""
         raise InvalidMeasurement(f"no models-suite measurements{where} under {root}")
@@ -233,7 +235,38 @@ def validate_all(root: str | Path | None = None, device: str | None = None,
 def cross_device_ranking(reports: list[DeviceReport]) -> dict[str, float]:
     """Per case id measured on several devices: do predictions order the devices as measured?"""
     by_case: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    seen: set[str] = set()
     for rep in reports:
+        if rep.device in seen:  # a repeat run: the devices, not the runs, are compared
+            continue
+        seen.add(rep.device)
         for row in rep.rows:
             by_case[row.id].append((row.predicted_s, row.measured_s))
     return {cid: ranking_agreement(pairs) for cid, pairs in by_case.items() if len(pairs) > 1}
+
+
+def run_spread(reports: list[DeviceReport]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per device measured more than once: how far its runs' measured step times lie
+    apart, per case as max / min - 1, summarised (median, max) for the cases its first
+    run's predictions call device-bound and host-bound. What no model of one machine can
+    predict better: how much the same machine type moves between leases."""
+    by_device: dict[str, list[DeviceReport]] = defaultdict(list)
+    for rep in reports:
+        by_device[rep.device].append(rep)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for device, reps in by_device.items():
+        if len(reps) < 2:
+            continue
+        measured: dict[str, list[float]] = defaultdict(list)
+        for rep in reps:
+            for row in rep.rows:
+                measured[row.id].append(row.measured_s)
+        kinds: dict[str, dict[str, float]] = {}
+        for host_bound, key in ((False, "device_bound"), (True, "host_bound")):
+            spreads = [max(v) / min(v) - 1 for row in reps[0].rows
+                       if row.host_bound == host_bound and len(v := measured[row.id]) > 1]
+            if spreads:
+                kinds[key] = {"cases": len(spreads), "median": statistics.median(spreads),
+                              "max": max(spreads)}
+        out[device] = {"runs": {"count": len(reps)}, **kinds}
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from gpusim import units
-from gpusim.validate.compare import DeviceReport, cross_device_ranking
+from gpusim.validate.compare import DeviceReport, cross_device_ranking, run_spread
 
 
 def _pct(value: float | None) -> str:
@@ -53,6 +53,13 @@ def format_reports(reports: list[DeviceReport], verbose: bool = False) -> str:
         for note in rep.skipped:
             lines.append(f"  skipped {note}")
         lines.append("")
+    for device, spread in run_spread(reports).items():
+        parts = [f"{what} cases median {_abs_pct(spread[key]['median'])}, max "
+                 f"{_abs_pct(spread[key]['max'])}"
+                 for key, what in (("device_bound", "device-bound"),
+                                   ("host_bound", "host-bound")) if key in spread]
+        lines.append(f"{device}, {int(spread['runs']['count'])} runs on different leases: "
+                     f"measured steps lie apart by {'; '.join(parts)}")
     across = cross_device_ranking(reports)
     if across:
         same = sum(1 for v in across.values() if v == 1.0)
