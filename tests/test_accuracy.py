@@ -70,7 +70,7 @@ def test_repeat_runs_are_found_and_their_spread_reported() -> None:
     from gpusim.validate.compare import run_spread, validate_all
 
     reports = validate_all(device="h100-sxm", runs=True)
-    assert [r.source.rsplit("/", 1)[-1] for r in reports][0] == "models.json"
+    assert reports[0].source.rsplit("/", 1)[-1] == "models.json"
     assert len(reports) >= 2
     spread = run_spread(reports)["h100-sxm"]
     assert spread["runs"]["count"] == len(reports)
