@@ -8,7 +8,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-SHIPPED = ("hardware_profiles", "stacks", "measurements", "published")  # gpusim/data.py
+SHIPPED = ("hardware_profiles", "stacks", "measurements", "published", "models")  # gpusim/data.py
 
 
 class BuildWithData(build_py):

@@ -43,11 +43,25 @@ from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
 
 
+def attention_unmeasured(framework: Stack, device: DeviceProfile) -> str:
+    """A note when a named attention kernel has no efficiency of its own in the device's
+    calibration (so the default fused kernel's stands in), else ''."""
+    kernel = framework.attention
+    if kernel in ("auto", "math"):
+        return ""
+    cal = calibration_for(device)
+    if kernel in cal.gemm.attention_kernels:
+        return ""
+    return (f"{kernel} attention: no efficiency measured for it in calibration {cal.name}; "
+            f"costed as the default fused attention kernel")
+
+
 def resolve_model(model: str | Model, seq_len: int | None = None) -> Model:
-    """A Model from a zoo name, a YAML file path, or a Model (returned as is)."""
+    """A Model from a zoo name, a YAML file or Hugging Face config.json path, or a Model
+    (returned as is)."""
     if isinstance(model, Model):
         return model
-    if model.endswith((".yaml", ".yml")) or Path(model).is_file():
+    if model.endswith((".yaml", ".yml", ".json")) or Path(model).is_file():
         return formats.load_model_file(model, seq_len)
     return zoo.get(model, seq_len)
 
@@ -239,6 +253,7 @@ def build_job(
     max_batch: bool = False,
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
+    attention: str | None = None,
     offload: str = "none",
     finetune: str = "full",
     lora_rank: int = 8,
@@ -249,8 +264,9 @@ def build_job(
     (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
     ``max_batch`` replaces the microbatch (and gradient accumulation) by the largest
     microbatch that fits and divides each replica's share of the batch. ``stack`` (a name,
-    a YAML file or a Stack; default ``pytorch``) says how the framework writes the layers."""
-    framework = load_stack(stack)
+    a YAML file or a Stack; default ``pytorch``) says how the framework writes the layers;
+    ``attention`` (auto, flash2, cudnn, efficient, math) replaces its attention kernel."""
+    framework = load_stack(stack).with_attention(attention)
     net = apply_stack(resolve_model(model, seq_len), framework)
     if finetune not in FINETUNES:
         raise InvalidConfig(f"unknown fine-tuning {finetune!r}; use one of "
@@ -346,6 +362,7 @@ def estimate(
     max_batch: bool = False,
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
+    attention: str | None = None,
     offload: str = "none",
     finetune: str = "full",
     lora_rank: int = 8,
@@ -370,8 +387,8 @@ def estimate(
         microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
         zero=zero, sequence_parallel=sequence_parallel,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
-        stack=stack, offload=offload, finetune=finetune, lora_rank=lora_rank,
-        lora_targets=lora_targets, lora_dropout=lora_dropout)
+        stack=stack, attention=attention, offload=offload, finetune=finetune,
+        lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
     if isinstance(job, ParallelJob):
@@ -396,8 +413,12 @@ def estimate(
         count = sum(getattr(la, "parts", 1) for la in adapters)
         assumptions.insert(0, f"{finetune}: rank-{lora_rank} adapters on {count} "
                               f"projections ({trains} parameters train), {base}")
-    if job.model.family == "transformer" or stack is not None:
-        assumptions.insert(0, (job.stack or load_stack(stack)).describe())
+    framework = job.stack or load_stack(stack).with_attention(attention)
+    if job.model.family == "transformer" or stack is not None or attention is not None:
+        assumptions.insert(0, framework.describe())
+    unmeasured = attention_unmeasured(framework, device)
+    if unmeasured:
+        assumptions.insert(0, unmeasured)
     if max_batch:
         micro = (job.parallel.microbatch_size if isinstance(job, ParallelJob)
                  else job.microbatch_size)

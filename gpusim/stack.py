@@ -14,7 +14,7 @@ import functools
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -26,7 +26,9 @@ from gpusim.workload.layers import Elementwise, Layer
 from gpusim.workload.model import Model
 
 DEFAULT_STACK = "pytorch"
-CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer")
+AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "math"]
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
+CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention")
 
 
 class Stack(BaseModel):
@@ -58,6 +60,10 @@ class Stack(BaseModel):
     # all parameters at once and allocates a temporary of their size; fused and per_tensor
     # (a Python loop over parameters) allocate nothing of that size
     optimizer: Literal["foreach", "fused", "per_tensor"] = "foreach"
+    # the attention kernel: auto (SDPA picks it on the device, as the calibration's default
+    # fused kernel describes), a named fused kernel, or math (matmul, softmax, matmul: the
+    # seq x seq scores in memory)
+    attention: Literal[AttentionKernel] = "auto"
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -68,8 +74,21 @@ class Stack(BaseModel):
                              f"{', '.join(missing)}")
         return self
 
+    def with_attention(self, kernel: str | None) -> Stack:
+        """This stack with its attention kernel replaced (``None``: as it is)."""
+        if kernel is None or kernel == self.attention:
+            return self
+        if kernel not in ATTENTION_KERNELS:
+            raise InvalidConfig(f"unknown attention kernel {kernel!r}; use one of "
+                                f"{', '.join(ATTENTION_KERNELS)}")
+        return self.model_copy(update={"attention": kernel})
+
     def describe(self) -> str:
-        return (f"{self.full_name} stack: RMS norm {self.rms_norm.replace('_', ' ')}, "
+        attention = ("attention as SDPA picks it" if self.attention == "auto"
+                     else "unfused (math) attention" if self.attention == "math"
+                     else f"{self.attention} attention")
+        return (f"{self.full_name} stack: {attention}, "
+                f"RMS norm {self.rms_norm.replace('_', ' ')}, "
                 f"grouped K/V {self.kv_heads}, SwiGLU {self.swiglu}, loss on "
                 f"{'fp32' if self.loss == 'upcast' else '16-bit'} logits, gradients "
                 f"{'freed' if self.zero_grad == 'to_none' else 'kept'} between steps, "
@@ -133,5 +152,10 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
     if isinstance(layer, Elementwise) and layer.op == "swiglu":
         return replace(layer, saves=2 if stack.swiglu == "fused" else 3)
     if isinstance(layer, Attention):
-        return replace(layer, expand_kv=stack.kv_heads == "expanded")
+        layer = replace(layer, expand_kv=stack.kv_heads == "expanded")
+        if stack.attention == "math":
+            return replace(layer, fused=False, kernel="")
+        if stack.attention != "auto":
+            return replace(layer, fused=True, kernel=stack.attention)
+        return layer
     return layer

@@ -31,6 +31,7 @@ import yaml
 
 from gpusim.calibrate.micro_ops import (
     ROW_KERNEL_LAYERS,
+    SDPA_KERNELS,
     layer_host_job,
     layer_host_times,
     numerics,
@@ -80,7 +81,7 @@ def _get(data: dict[str, Any], path: Path_) -> float:
 def _set(data: dict[str, Any], path: Path_, value: float) -> None:
     node: Any = data
     for key in path[:-1]:
-        node = node[key]
+        node = node.setdefault(key, {})
     node[path[-1]] = value
 
 
@@ -143,6 +144,16 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     def of(pred: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
         return [c for c in cases if "median_s" in c and pred(c)]
 
+    def sdpa(backend: str) -> list[dict[str, Any]]:
+        """SDPA restricted to one backend: that kernel's own efficiency."""
+        return of(lambda c: c["kind"] == "sdpa" and c.get("backend") == backend)
+
+    per_kernel: list[Group] = [
+        (f"attention {kernel}", sdpa(backend),
+         [(("gemm", "attention_kernels", kernel, phase), "factor")
+          for phase in ("forward", "backward")])
+        for backend, kernel in SDPA_KERNELS.items()]
+
     # Small copies timed in a loop measure how fast the host issues them; where CUDA-graph
     # replays give their device time, those stand for the small sizes instead.
     graphed = any(c.get("graph") for c in cases if c["kind"] == "elementwise")
@@ -187,6 +198,7 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
                          or (c["kind"] == "sdpa" and c.get("backend") == "auto")),
          [(("gemm", "attention_factor"), "factor"),
           (("gemm", "attention_backward_factor"), "factor")]),
+        *per_kernel,
         ("optimizer", of(lambda c: c["kind"] == "optimizer" and c["impl"] == "default"),
          [(("overhead", "optimizer_us"), "us"), (("overhead", "optimizer_tensor_us"), "us")]),
         ("pcie", of(lambda c: c["kind"] == "host_copy" and c["pinned"]),

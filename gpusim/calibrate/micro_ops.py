@@ -87,7 +87,8 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
     if kind in ("attention", "sdpa"):
         num = numerics(case["precision"], device)
         att = Attention(case["id"], case["heads"], case["head_dim"], case["seq"],
-                        kv_heads=case.get("kv_heads", 0), causal=case["causal"], fused=True)
+                        kv_heads=case.get("kv_heads", 0), causal=case["causal"], fused=True,
+                        kernel=SDPA_KERNELS.get(case.get("backend", ""), ""))
         n = case["batch"]
         ops = att.forward(n, num) if case["pass"] == "forward" else att.backward_input(n, num)
         return [op for op in ops if op.kind == "attention"]  # SDPA on (b, h, s, d) alone
@@ -107,6 +108,11 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         return [memory_op(case["id"], reads * elements, writes * elements,
                           DTYPE_BYTES[case["dtype"]], allocates=case["op"] == "add_alloc")]
     return []
+
+
+# SDPA's backends by the names gpusim gives their kernels (torch >= 2.2's flash backend is
+# FlashAttention-2); "auto" (SDPA's own choice) is the calibration's default kernel.
+SDPA_KERNELS = {"flash": "flash2", "cudnn": "cudnn", "efficient": "efficient"}
 
 
 def _optimizer_step(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:

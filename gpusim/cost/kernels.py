@@ -77,9 +77,7 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
         if op.kind == "conv":
             eff *= cal.gemm.conv_factors.get(op.math, cal.gemm.conv_factor)
         elif op.kind == "attention":
-            backward = cal.gemm.attention_backward_factor
-            eff *= (backward if backward is not None and op.family == "attention_backward"
-                    else cal.gemm.attention_factor)
+            eff *= cal.attention_efficiency(op.kernel, op.family == "attention_backward")
         if op.gemm is not None and isinstance(device, GPUProfile):
             eff *= quantization_efficiency(op.gemm, device, cal)
             if op.kind == "gemm" and not op.gemm.aligned(DTYPE_BYTES.get(op.math, 4)):

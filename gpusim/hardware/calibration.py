@@ -54,6 +54,12 @@ class GemmCalibration(Frozen):
         None, description="fused attention's backward relative to GEMM (none: "
                           "attention_factor); its five products and the recomputed softmax "
                           "reach less of the peak than the forward's two")
+    attention_kernels: dict[str, dict[Literal["forward", "backward"], Fraction]] = Field(
+        default_factory=dict,
+        description="per named attention kernel (flash2, cudnn, efficient, ...), its forward "
+                    "and backward relative to GEMM, fitted on SDPA restricted to that "
+                    "backend; a kernel not listed runs as attention_factor says (the "
+                    "architecture's default kernel)")
     misaligned_factor: dict[str, Fraction] = Field(
         default_factory=dict,
         description="per math precision, a matrix product's efficiency relative to "
@@ -148,6 +154,17 @@ class Calibration(Frozen):
         if self.status == "fitted" and not self.fitted_on:
             raise ValueError("a fitted calibration must name the measurements in fitted_on")
         return self
+
+    def attention_efficiency(self, kernel: str, backward: bool) -> float:
+        """Fused attention's fraction of the GEMM efficiency: the named kernel's where
+        fitted, else the default kernel's."""
+        g = self.gemm
+        named = g.attention_kernels.get(kernel, {}).get("backward" if backward else "forward")
+        if named is not None:
+            return named
+        if backward and g.attention_backward_factor is not None:
+            return g.attention_backward_factor
+        return g.attention_factor
 
     def gemm_efficiency(self, math: str) -> float:
         """Max efficiency for ``math``; precisions the file omits use its fp32 entry."""

@@ -29,6 +29,9 @@ class Attention(Layer):
     # Grouped-query K and V copied out to every query head before the kernel (a stack's
     # repeat_kv), rather than read in groups by it.
     expand_kv: bool = False
+    # The fused kernel by name (flash2, cudnn, efficient, flash3); empty: the one SDPA picks
+    # on the device, which the calibration's default attention efficiency describes.
+    kernel: str = ""
 
     @property
     def _kv(self) -> int:
@@ -88,7 +91,7 @@ class Attention(Layer):
         if self.fused:
             ops += [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
                       self._qkvo_elements(n) * num.act_bytes, num.matmul,
-                      alloc_bytes=out * num.act_bytes)]
+                      alloc_bytes=out * num.act_bytes, kernel=self.kernel)]
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("qk",), num)
@@ -105,7 +108,8 @@ class Attention(Layer):
             moved = (self._qkvo_elements(n) * 2) * num.act_bytes
             grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
             ops.append(Op(f"{self.name}.flash_bwd", "attention", 2.5 * self._fused_flops(n),
-                          moved, num.matmul, alloc_bytes=grads, family="attention_backward"))
+                          moved, num.matmul, alloc_bytes=grads, family="attention_backward",
+                          kernel=self.kernel))
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("dv", "dp"), num)

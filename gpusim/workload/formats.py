@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from gpusim.errors import InvalidModel, InvalidProfile
 from gpusim.hardware.catalog import format_validation_error, read_yaml
-from gpusim.workload import zoo
+from gpusim.workload import hf_config, zoo
 from gpusim.workload.attention import CrossEntropy
 from gpusim.workload.layers import Linear, dropout, gelu, relu
 from gpusim.workload.model import InputSpec, Model
@@ -40,8 +40,13 @@ _INPUT = InputSpec(0.0, 5e-6, "tensors held in memory (YAML model; no loader cos
 
 
 def load_model_file(path: str | Path, seq_len: int | None = None) -> Model:
-    """Build the model a YAML file describes; InvalidModel names what is wrong."""
+    """Build the model a YAML file or a Hugging Face config.json describes; InvalidModel
+    names what is wrong."""
     path = Path(path)
+    if path.suffix.lower() == ".json":
+        data = hf_config.read_config_file(path)
+        name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
+        return model_from_dict({"name": name, **data}, str(path), seq_len)
     try:
         data = read_yaml(path)
     except InvalidProfile as exc:
@@ -51,6 +56,14 @@ def load_model_file(path: str | Path, seq_len: int | None = None) -> Model:
 
 def model_from_dict(data: dict[str, Any], source: str, seq_len: int | None = None) -> Model:
     name = str(data.get("name", Path(source).stem))
+    if hf_config.is_hf_config(data):
+        return build_transformer(hf_config.transformer_from_hf(data, source, name, seq_len))
+    if "hf_config" in data:
+        if not isinstance(data["hf_config"], dict):
+            raise InvalidModel(f"{source}: hf_config must be the mapping of a config.json")
+        repo = data.get("hf_repo", "")
+        return build_transformer(hf_config.transformer_from_hf(
+            data["hf_config"], source, name, seq_len, repo if isinstance(repo, str) else ""))
     if "transformer" in data:
         if not isinstance(data["transformer"], dict):
             raise InvalidModel(f"{source}: transformer must be a mapping of dimensions "
@@ -62,7 +75,8 @@ def model_from_dict(data: dict[str, Any], source: str, seq_len: int | None = Non
         return build_transformer(cfg, seq_len)
     if "layers" in data and "input" in data:
         return _sequential(name, data, source)
-    raise InvalidModel(f"{source}: expected a 'transformer' mapping, or 'input' and 'layers'")
+    raise InvalidModel(f"{source}: expected a 'transformer' mapping, 'input' and 'layers', or "
+                       f"a Hugging Face config (with its model_type)")
 
 
 def _whole(value: Any, what: str, least: int = 1) -> int:

@@ -94,6 +94,9 @@ class Op:
     # reduces each channel over the batch and image in one thread block per channel, so
     # with fewer channels than SMs part of the GPU sits idle.
     parallel_units: int = 0
+    # A named implementation whose own efficiency the calibration may state (attention:
+    # flash2, cudnn, efficient); empty: the kind's default.
+    kernel: str = ""
 
     def with_phase(self, phase: Phase) -> Op:
         return replace(self, phase=phase)

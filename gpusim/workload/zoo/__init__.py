@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
 
+from gpusim.data import data_dir
 from gpusim.errors import UnknownModel
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TRANSFORMERS, TransformerConfig, build_transformer
@@ -21,21 +24,31 @@ _VISION: dict[str, Callable[..., Model]] = {
     "vgg16": vgg16,
     "resnet50": resnet50,
 }
+# (llama-3-8b, llama-3-70b and llama-2-7b are the shipped configs' names, the same models
+# as llama3-8b, llama3-70b and llama2-7b built from their dimensions.)
 _ALIASES = {"resnet-50": "resnet50", "rn50": "resnet50", "vgg-16": "vgg16",
-            "gpt2-small": "gpt2", "gpt-2": "gpt2", "llama-3-8b": "llama3-8b",
-            "llama-3-70b": "llama3-70b", "llama-2-7b": "llama2-7b", "gpt-3": "gpt3-175b",
-            "gpt3": "gpt3-175b"}
+            "gpt2-small": "gpt2", "gpt-2": "gpt2", "gpt-3": "gpt3-175b", "gpt3": "gpt3-175b"}
+
+
+@lru_cache(maxsize=1)
+def shipped_configs() -> dict[str, Path]:
+    """The open models whose Hugging Face configs ship with gpusim (models/<name>.yaml)."""
+    folder = data_dir("models")
+    if not folder.is_dir():
+        return {}
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))
+            if p.stem not in _VISION and p.stem not in TRANSFORMERS}
 
 
 def names() -> list[str]:
-    """Every zoo model name, vision first, then transformers."""
-    return [*_VISION, *TRANSFORMERS]
+    """Every zoo model name: vision, then transformers, then the shipped configs."""
+    return [*_VISION, *TRANSFORMERS, *shipped_configs()]
 
 
 def _resolve(name: str) -> str:
     key = name.lower().strip()
     key = _ALIASES.get(key, key)
-    if key in _VISION or key in TRANSFORMERS:
+    if key in _VISION or key in TRANSFORMERS or key in shipped_configs():
         return key
     close = difflib.get_close_matches(key, names() + list(_ALIASES), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(_ALIASES.get(c, c) for c in close)}?" if close else ""
@@ -62,7 +75,11 @@ def get(name: str, seq_len: int | None = None, image_size: int | None = None) ->
             raise UnknownModel(f"{key} has a fixed input size; image_size applies to "
                                f"{', '.join(_RESIZABLE)}")
         return _VISION[key](image_size)
-    return build_transformer(TRANSFORMERS[key], seq_len)
+    if key in TRANSFORMERS:
+        return build_transformer(TRANSFORMERS[key], seq_len)
+    from gpusim.workload.formats import load_model_file  # formats reads the zoo too
+
+    return load_model_file(shipped_configs()[key], seq_len)
 
 
 __all__ = ["TransformerConfig", "build_transformer", "get", "names", "transformer_config"]

@@ -44,11 +44,15 @@ class TransformerConfig(BaseModel):
     seq_len: PosInt = 2048
     kind: Literal["decoder", "encoder"] = "decoder"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    activation: Literal["gelu", "swiglu"] = "gelu"
+    activation: Literal["gelu", "swiglu", "geglu"] = Field(
+        "gelu", description="MLP: plain GELU, or gated (SwiGLU's silu(a) * b, GeGLU's "
+                            "gelu(a) * b; both costed as the gated product's kernel)")
     positions: Literal["learned", "rotary"] = "learned"
     max_positions: PosInt | None = Field(None, description="learned position table size")
     tied_embeddings: bool = True
     bias: bool = True
+    qkv_bias: bool | None = Field(None, description="the q, k, v projection's bias, when it "
+                                                   "differs from the other linears' (Qwen2)")
     dropout: bool = False
     fused_attention: bool = True
     type_vocab: int = Field(0, ge=0, description="BERT token-type embeddings")
@@ -99,8 +103,8 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
         b = f"h.{i}"
         pre = cfg.kind == "decoder"  # GPT and Llama normalize before each sublayer, BERT after
         attn: list[Layer] = [
-            Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s, cfg.bias, block=b,
-                   tp="column"),
+            Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s,
+                   cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, block=b, tp="column"),
             Attention(f"{b}.attn.core", cfg.heads, hd, s, kv, causal=cfg.kind == "decoder",
                       fused=cfg.fused_attention, dropout=cfg.dropout, block=b, tp="sharded"),
             Linear(f"{b}.attn.proj", cfg.heads * hd, h, s, cfg.bias, block=b, tp="row"),
@@ -108,8 +112,9 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
         if cfg.dropout:
             attn.append(_split(dropout(f"{b}.attn.dropout", s * h, block=b), "sequence"))
         attn.append(_split(residual_add(f"{b}.attn.add", s * h, block=b), "sequence"))
-        up = 2 * cfg.ffn if cfg.activation == "swiglu" else cfg.ffn
-        act = swiglu if cfg.activation == "swiglu" else gelu
+        gated = cfg.activation in ("swiglu", "geglu")
+        up = 2 * cfg.ffn if gated else cfg.ffn
+        act = swiglu if gated else gelu
         mlp: list[Layer] = [
             Linear(f"{b}.mlp.up", h, up, s, cfg.bias, block=b, tp="column"),
             _split(act(f"{b}.mlp.act", s * cfg.ffn, block=b), "sharded"),

@@ -1,0 +1,212 @@
+"""Hugging Face transformers configs (a model repository's ``config.json``) as gpusim
+transformers.
+
+Each supported ``model_type`` maps its fields onto ``TransformerConfig``: the dimensions,
+the norm, the MLP (plain or gated, and its activation), the positions, the biases and
+whether the head is tied to the embedding. What a family has that gpusim does not model
+(Qwen3's per-head q/k norms, Gemma 2's extra norms and soft-capping, GPT-NeoX's parallel
+residual) changes parameters by far less than 0.1% and is named in the model's description,
+so nothing is dropped silently. Families gpusim cannot build yet are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpusim.errors import InvalidModel, InvalidProfile
+from gpusim.hardware.catalog import format_validation_error, read_text_file
+from gpusim.workload.zoo.transformer import TransformerConfig
+
+# Rotary decoders with RMS norm and a gated MLP, the Llama layout, and what each family
+# changes about it. Defaults are those of the family's transformers Config class.
+_LLAMA_LIKE: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {},
+    "qwen2": {"qkv_bias": True},  # Qwen2 projects q, k and v with a bias, o without
+    "qwen3": {"note": "per-head q/k RMS norms not modelled"},
+    "phi3": {},
+    "gemma": {"tied": True},
+    "gemma2": {"tied": True, "note": "post-attention and post-MLP norms and logit "
+                                     "soft-capping not modelled"},
+    "gemma3_text": {"tied": True, "note": "post-attention and post-MLP norms and per-head "
+                                          "q/k norms not modelled"},
+}
+_OTHERS = ("gpt2", "gpt_neox", "bert", "roberta")
+_NOT_YET = {
+    "mixtral": "a mixture of experts", "qwen2_moe": "a mixture of experts",
+    "qwen3_moe": "a mixture of experts", "deepseek_v2": "a mixture of experts with MLA "
+    "attention", "deepseek_v3": "a mixture of experts with MLA attention",
+    "t5": "an encoder-decoder", "vit": "a vision transformer", "clip_vision_model":
+    "a vision transformer", "clip": "a vision and text pair",
+}
+SUPPORTED = (*_LLAMA_LIKE, *_OTHERS)
+
+# The sequence length a config runs at unless told: its context, up to this (long-context
+# models train most tokens at 4-8K and extend the context at the end).
+LONGEST_DEFAULT_SEQ = 8192
+
+# hidden_act / activation_function values of gated and plain MLPs
+_GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python", "quick_gelu"}
+
+
+def is_hf_config(data: dict[str, Any]) -> bool:
+    return "model_type" in data
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A config.json as a mapping: strict JSON (a key given twice, NaN or Infinity is an
+    error), or InvalidModel saying what is wrong."""
+    path = Path(path)
+    try:
+        text = read_text_file(path)
+    except InvalidProfile as exc:
+        raise InvalidModel(str(exc)) from exc
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise InvalidModel(f"{path}: key {twice[0]!r} given twice")
+        return dict(pairs)
+
+    def no_constants(name: str) -> Any:
+        raise InvalidModel(f"{path}: {name} is not a number a config may hold")
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    except json.JSONDecodeError as exc:
+        raise InvalidModel(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if not isinstance(data, dict):
+        raise InvalidModel(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+class _Fields:
+    """Typed reads of a config's fields, each failure a one-line InvalidModel."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        self.data, self.source = data, source
+
+    def count(self, *keys: str, default: int | None = None) -> int | None:
+        for key in keys:
+            value = self.data.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidModel(f"{self.source}: {key} must be a positive integer, "
+                                   f"not {value!r}")
+            return value
+        return default
+
+    def need(self, *keys: str) -> int:
+        value = self.count(*keys)
+        if value is None:
+            raise InvalidModel(f"{self.source}: {' or '.join(keys)} is missing")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InvalidModel(f"{self.source}: {key} must be true or false, not {value!r}")
+        return value
+
+    def text(self, *keys: str, default: str = "") -> str:
+        for key in keys:
+            value = self.data.get(key)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise InvalidModel(f"{self.source}: {key} must be a string, "
+                                       f"not {value!r}")
+                return value
+        return default
+
+
+def _activation(act: str, gated: bool, source: str) -> str:
+    if act == "silu" or act == "swish":
+        if not gated:
+            raise InvalidModel(f"{source}: a plain (ungated) SiLU MLP is not modelled")
+        return "swiglu"
+    if act in _GELU or act == "gelu_new":
+        return "geglu" if gated else "gelu"
+    raise InvalidModel(f"{source}: hidden activation {act!r} is not modelled "
+                       f"(silu or gelu variants are)")
+
+
+def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = None,
+                        seq_len: int | None = None, repo: str = "") -> TransformerConfig:
+    """The TransformerConfig of a Hugging Face config mapping (``model_type`` and its
+    family's fields); ``repo`` names the model repository it came from."""
+    kind = data.get("model_type")
+    if not isinstance(kind, str) or not kind:
+        raise InvalidModel(f"{source}: no model_type; a Hugging Face config.json names its "
+                           f"family there")
+    if kind in _NOT_YET:
+        raise InvalidModel(f"{source}: model_type {kind!r} is {_NOT_YET[kind]}, which gpusim "
+                           f"cannot build yet; it reads {', '.join(SUPPORTED)}")
+    if kind not in SUPPORTED:
+        raise InvalidModel(f"{source}: unknown model_type {kind!r}; gpusim reads "
+                           f"{', '.join(SUPPORTED)}")
+    f = _Fields(data, source)
+    fields: dict[str, Any] = {"name": name or kind}
+    if kind in _LLAMA_LIKE:
+        family = _LLAMA_LIKE[kind]
+        heads = f.need("num_attention_heads")
+        fields.update(
+            layers=f.need("num_hidden_layers"), hidden=f.need("hidden_size"), heads=heads,
+            kv_heads=f.count("num_key_value_heads", default=heads),
+            head_dim=f.count("head_dim"), ffn_hidden=f.need("intermediate_size"),
+            vocab=f.need("vocab_size"), norm="rmsnorm", positions="rotary",
+            activation=_activation(f.text("hidden_activation", "hidden_act", default="silu"),
+                                   True, source),
+            tied_embeddings=f.flag("tie_word_embeddings", family.get("tied", False)),
+            bias=f.flag("attention_bias", False) or f.flag("mlp_bias", False),
+            qkv_bias=f.flag("attention_bias", family.get("qkv_bias", False)),
+        )
+        note = family.get("note", "")
+    elif kind == "gpt2":
+        hidden = f.need("n_embd")
+        fields.update(
+            layers=f.need("n_layer"), hidden=hidden, heads=f.need("n_head"),
+            ffn_hidden=f.count("n_inner", default=4 * hidden), vocab=f.need("vocab_size"),
+            max_positions=f.count("n_positions"), norm="layernorm", positions="learned",
+            activation=_activation(f.text("activation_function", default="gelu_new"), False,
+                                   source),
+            tied_embeddings=f.flag("tie_word_embeddings", True), bias=True)
+        note = ""
+    elif kind == "gpt_neox":
+        fields.update(
+            layers=f.need("num_hidden_layers"), hidden=f.need("hidden_size"),
+            heads=f.need("num_attention_heads"), ffn_hidden=f.need("intermediate_size"),
+            vocab=f.need("vocab_size"), norm="layernorm", positions="rotary",
+            activation=_activation(f.text("hidden_act", default="gelu"), False, source),
+            tied_embeddings=f.flag("tie_word_embeddings", False), bias=True)
+        note = ("attention and MLP in parallel (use_parallel_residual) are costed one after "
+                "the other" if f.flag("use_parallel_residual", True) else "")
+    else:  # bert, roberta: encoders with learned positions and token types
+        fields.update(
+            layers=f.need("num_hidden_layers"), hidden=f.need("hidden_size"),
+            heads=f.need("num_attention_heads"), ffn_hidden=f.need("intermediate_size"),
+            vocab=f.need("vocab_size"), kind="encoder", norm="layernorm",
+            positions="learned", max_positions=f.count("max_position_embeddings"),
+            type_vocab=f.count("type_vocab_size", default=2) or 0,
+            activation=_activation(f.text("hidden_act", default="gelu"), False, source),
+            tied_embeddings=f.flag("tie_word_embeddings", True), bias=True)
+        note = "the pooler is not modelled (masked-LM training does not use it)"
+    context = f.count("max_position_embeddings", "n_positions")
+    if seq_len is not None:
+        fields["seq_len"] = seq_len
+    elif context is not None:
+        fields["seq_len"] = min(context, LONGEST_DEFAULT_SEQ)
+    what = f"{repo} ({kind} config)" if repo else f"Hugging Face {kind} config"
+    fields["description"] = what + (f"; {note}" if note else "")
+    fields["source"] = source
+    try:
+        return TransformerConfig.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidModel(format_validation_error(source, exc)) from exc

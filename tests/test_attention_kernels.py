@@ -1,0 +1,75 @@
+"""Attention kernels by name: each fitted on the micro suite's SDPA runs restricted to its
+backend, chosen by the stack or --attention, with a note where a GPU has no measurement of
+the kernel asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusim.errors import InvalidConfig
+from gpusim.estimate import estimate
+from gpusim.hardware.calibration import calibration_for
+from gpusim.hardware.catalog import catalog
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.stack import ATTENTION_KERNELS, apply_stack, load_stack, stack_names
+from gpusim.workload import zoo
+from gpusim.workload.attention import Attention
+
+LLAMA = {"model": "llama3-8b", "batch_size": 1, "precision": "bf16", "pure_bf16": True,
+         "optimizer": "adamw8bit", "checkpointing": "full", "seq_len": 8192}
+
+
+def _h100() -> DeviceProfile:
+    found = catalog().find("h100-sxm")
+    assert isinstance(found, DeviceProfile)
+    return found
+
+
+def test_hopper_calibration_has_each_sdpa_backends_own_efficiency() -> None:
+    cal = calibration_for(_h100())
+    kernels = cal.gemm.attention_kernels
+    assert {"flash2", "cudnn", "efficient"} <= set(kernels)
+    # As measured on the H100 (PyTorch 2.11): cuDNN's kernel is about 1.7x FlashAttention-2,
+    # which is about 2.4x the memory-efficient kernel, forward and backward alike.
+    for phase in ("forward", "backward"):
+        assert kernels["efficient"][phase] < kernels["flash2"][phase] < kernels["cudnn"][phase]
+    assert 1.4 < kernels["cudnn"]["forward"] / kernels["flash2"]["forward"] < 2.0
+    # SDPA's own choice there (the default kernel) is cuDNN's.
+    assert cal.attention_efficiency("", False) == pytest.approx(
+        kernels["cudnn"]["forward"], rel=0.05)
+
+
+def test_the_kernel_changes_attention_time_and_math_its_memory() -> None:
+    runs = {k: estimate(gpu="h100-sxm", attention=k, **LLAMA) for k in ATTENTION_KERNELS}
+    step = {k: r.step.step_time_s for k, r in runs.items()}
+    assert step["cudnn"] < step["flash2"] < step["efficient"]
+    assert step["auto"] == pytest.approx(step["cudnn"], rel=0.02)
+    memory = {k: r.step.peak_memory_bytes for k, r in runs.items()}
+    assert memory["flash2"] == memory["cudnn"] == memory["auto"]
+    assert memory["math"] > memory["cudnn"]  # the seq x seq scores kept for backward
+    assert "flash2 attention" in " ".join(runs["flash2"].assumptions)
+
+
+def test_an_unmeasured_kernel_is_costed_as_the_default_and_says_so() -> None:
+    named = estimate(gpu="a100-80gb", attention="cudnn", **LLAMA)
+    default = estimate(gpu="a100-80gb", **LLAMA)
+    assert named.step.step_time_s == pytest.approx(default.step.step_time_s)
+    assert any("no efficiency measured" in a and "cudnn" in a for a in named.assumptions)
+    assert not any("no efficiency measured" in a for a in default.assumptions)
+
+
+def test_every_stack_names_its_attention_kernel_with_a_source() -> None:
+    for name in stack_names():
+        stack = load_stack(name)
+        assert stack.attention in ATTENTION_KERNELS
+        assert stack.sources["attention"]
+    model = apply_stack(zoo.get("gpt2"), load_stack("hf-transformers-2022"))
+    attention = [la for la in model.layers if isinstance(la, Attention)]
+    assert attention and not any(la.fused for la in attention)  # eager: matmul, softmax
+    model = apply_stack(zoo.get("llama3-8b"), load_stack("torchtitan-2024"))
+    assert {la.kernel for la in model.layers if isinstance(la, Attention)} == {"flash2"}
+
+
+def test_an_unknown_kernel_is_refused() -> None:
+    with pytest.raises(InvalidConfig, match="unknown attention kernel 'flash9'"):
+        load_stack().with_attention("flash9")
