@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from gpusim import numbers, paths
 from gpusim.errors import InvalidConfig
 from gpusim.explore import values
-from gpusim.explore.sweep import METRICS, SweepResult, sweep
+from gpusim.explore.sweep import MAX_POINTS, METRICS, SweepResult, sweep
 from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
 
 # Flags that are estimate() keywords under the same name (dashes for underscores).
@@ -94,6 +94,9 @@ def add_parsers(sub: Any) -> None:
                      help="what the plot and the table show (default step_time_s)")
     run = s.add_argument_group("where points run")
     run.add_argument("--workers", type=numbers.count, help="local processes (default: every CPU)")
+    run.add_argument("--max-points", type=numbers.count, default=MAX_POINTS,
+                     help=f"refuse grids of more points than this (default {MAX_POINTS:,}: "
+                          f"about ten minutes of work)")
     run.add_argument("--executor", default="local", choices=("local", "dask", "ray"),
                      help="dask or ray: an existing cluster, whose workers have gpusim "
                           "installed (pip install dask[distributed] or ray here too)")
@@ -167,7 +170,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     bar = _ProgressBar(sys.stderr)
     try:
         result = sweep(job_settings(args), vary_values, out=args.out, workers=args.workers,
-                       executor=args.executor, scheduler=args.scheduler, progress=bar)
+                       executor=args.executor, scheduler=args.scheduler, progress=bar,
+                       max_points=args.max_points)
     except KeyboardInterrupt:
         saved = f"; finished points are in {args.out}: run the same command to resume" \
             if args.out else ""

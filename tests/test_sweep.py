@@ -48,7 +48,7 @@ def test_value_syntax(spec: str, expected: list[Any]) -> None:
 @pytest.mark.parametrize(("spec", "message"), [
     ("1:10", "START:STOP:COUNT"), ("1:10:0", "COUNT must be 1 or more"),
     ("0:10:3:log", "above 0"), ("1:10:3:lin", "START:STOP:COUNT"), ("a,,b", "empty value"),
-    ("8,16,8", "more than once"),
+    ("8,16,8", "more than once"), ("1:2:100000000", "100,000,000 values is more than any"),
 ])
 def test_bad_value_syntax(spec: str, message: str) -> None:
     with pytest.raises(InvalidConfig, match=message):
@@ -65,6 +65,8 @@ def test_bad_value_syntax(spec: str, message: str) -> None:
     ({"gpu.memory_gib": [-1]}, "greater than 0"),
     ({"batch_size": [8, 8]}, "given twice"),
     ({}, "nothing to vary"),
+    ({"batch_size": list(range(1, 201)), "seq_len": list(range(1, 101))},
+     "the grid has 20,000 points, more than the 10,000"),
 ])
 def test_bad_sweeps_fail_before_any_point_runs(vary: dict[str, list[Any]], message: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,3 +403,10 @@ def test_bars_when_nothing_varied_is_a_number() -> None:
     assert [p.get_height() for p in fig.axes[0].patches] == [1.0, 2.0]
     with pytest.raises(InvalidConfig, match="cannot plot 'fits'"):
         sweep_figure(_result(("precision",), [("fp16",)], [1.0]), "fits")
+
+
+def test_max_points_raises_the_grid_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    vary = {"batch_size": [16, 32, 64]}
+    with pytest.raises(InvalidConfig, match="more than the 2 a sweep runs"):
+        sweep(BASE, vary, workers=1, max_points=2)
+    assert len(sweep(BASE, vary, workers=1, max_points=3).rows) == 3

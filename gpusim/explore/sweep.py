@@ -18,6 +18,7 @@ import importlib
 import io
 import itertools
 import json
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -61,14 +62,26 @@ class SweepResult:
         return [row[name] for row in self.rows]
 
 
+# Points a sweep runs unless told otherwise: at tens of milliseconds a point on a few cores,
+# about ten minutes of work.
+MAX_POINTS = 10_000
+
+
 def grid(base: Mapping[str, Any], vary: Mapping[str, Sequence[Any]],
-         target: Callable[..., Any] = estimate) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+         target: Callable[..., Any] = estimate,
+         max_points: int = MAX_POINTS) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """Every point: (its varied values as given, every setting as ``target`` takes it).
 
-    Names and values are checked here, before anything runs, so a typo costs no points.
+    Names and values are checked here, before anything runs, so a typo costs no points; a
+    grid of more than ``max_points`` points is refused before it is built.
     """
     if not vary:
         raise InvalidConfig("nothing to vary: give at least one --vary NAME=VALUES")
+    size = math.prod(len(options) for options in vary.values())
+    if size > max_points:
+        raise InvalidConfig(f"the grid has {size:,} points, more than the {max_points:,} a "
+                            f"sweep runs by default (about ten minutes of work); vary fewer "
+                            f"values, or raise the limit with --max-points")
     for name in [*base, *vary]:
         values.check_name(name, target)
     for name, options in vary.items():
@@ -311,7 +324,7 @@ def _typed(row: dict[str, Any]) -> dict[str, Any]:
 def sweep(base: Mapping[str, Any], vary: Mapping[str, Sequence[Any]], *,
           out: str | Path | None = None, workers: int | None = None,
           executor: Executor = "local", scheduler: str | None = None,
-          progress: Progress | None = None) -> SweepResult:
+          progress: Progress | None = None, max_points: int = MAX_POINTS) -> SweepResult:
     """Estimate every combination of ``vary`` (name -> values) on top of ``base``.
 
     Names are keywords of ``gpusim.estimate.estimate`` or ``gpu.FIELD`` profile fields (see
@@ -319,9 +332,10 @@ def sweep(base: Mapping[str, Any], vary: Mapping[str, Sequence[Any]], *,
     it finishes, and a rerun with the same ``out`` skips the points it holds (matched by
     their varied values, so change ``out`` when you change a fixed setting).
     ``executor`` "local" uses ``workers`` processes (default: every CPU; 1 runs in this
-    process); "dask" and "ray" use the cluster at ``scheduler``.
+    process); "dask" and "ray" use the cluster at ``scheduler``. A grid of more than
+    ``max_points`` points is refused before it is built.
     """
-    points = grid(base, vary, estimate)  # the module's name: a test may stand in for it
+    points = grid(base, vary, estimate, max_points)  # the module's name: a test may stand in for it
     fields = tuple(vary)
     rows: list[dict[str, Any] | None] = [None] * len(points)
     store = ResultsFile(Path(out), [*fields, *METRICS]) if out is not None else None

@@ -26,6 +26,8 @@ from gpusim.hardware.profile import PRECISIONS, CPUProfile, DeviceProfile, GPUPr
 
 Value = int | float | str
 GPU_PREFIX = "gpu."
+# More values than this in one range is a typing slip, refused before any list is built.
+LONGEST_RANGE = 100_000
 # What a varied profile field cites as its source: the profile schema requires one.
 WHAT_IF_SOURCE = "what-if value set by gpusim sweep"
 
@@ -70,6 +72,9 @@ def _range(spec: str, parts: list[str]) -> list[Value]:
         raise InvalidConfig(usage)
     if count < 1:
         raise InvalidConfig(f"range {spec!r}: COUNT must be 1 or more")
+    if count > LONGEST_RANGE:
+        raise InvalidConfig(f"range {spec!r}: {count:,} values is more than any sweep can "
+                            f"run; one range takes at most {LONGEST_RANGE:,}")
     if count == 1:
         return [start]
     log = len(parts) == 4
