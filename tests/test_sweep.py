@@ -410,3 +410,65 @@ def test_max_points_raises_the_grid_limit(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(InvalidConfig, match="more than the 2 a sweep runs"):
         sweep(BASE, vary, workers=1, max_points=2)
     assert len(sweep(BASE, vary, workers=1, max_points=3).rows) == 3
+
+
+def test_a_second_sweep_on_the_same_results_file_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.csv"
+    holder = sweep_module.ResultsFile(out, ["batch_size", *METRICS])
+    holder.lock()
+    try:
+        with pytest.raises(InvalidConfig, match="another sweep is writing"):
+            sweep(BASE, {"batch_size": [16, 32]}, out=out, workers=1)
+    finally:
+        holder.unlock()
+    assert len(sweep(BASE, {"batch_size": [16, 32]}, out=out, workers=1).rows) == 2
+    assert not out.with_name("sweep.csv.lock").exists()
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = ("from gpusim.explore.sweep import sweep\n"
+              "sweep({'model': 'resnet50', 'gpu': 'h100-sxm', 'precision': 'bf16'},\n"
+              "      {'batch_size': list(range(8, 4008, 8))}, workers=2)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        workers: set[int] = set()
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = _children(parent.pid)
+        assert len(workers) >= 2, "the pool never started"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10 * sweep_module.PARENT_POLL_S + 5
+        while time.monotonic() < deadline and any(Path(f"/proc/{w}").exists() and
+                                                  "Z" not in _state(w) for w in workers):
+            time.sleep(0.2)
+        assert not [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in _state(w)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

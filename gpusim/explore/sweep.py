@@ -14,12 +14,15 @@ exceptions are bugs and stop the sweep; points finished before stay in the resul
 from __future__ import annotations
 
 import csv
+import fcntl
 import importlib
 import io
 import itertools
 import json
 import math
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -155,12 +158,27 @@ def _failed(exc: GpusimError, peak_memory_bytes: float | None) -> dict[str, Any]
 Jobs = list[tuple[int, dict[str, Any]]]
 
 
+PARENT_POLL_S = 1.0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In each pool worker: exit once the sweep that started it is gone (killed with -9,
+    say), rather than live on orphaned."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="gpusim-parent-watch").start()
+
+
 def _local(jobs: Jobs, workers: int) -> Iterator[tuple[int, dict[str, Any]]]:
     if workers <= 1 or len(jobs) <= 1:
         for index, settings in jobs:
             yield index, run_point(settings)
         return
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)))
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                               initializer=_exit_with_parent, initargs=(os.getpid(),))
     try:
         futures: dict[Future[dict[str, Any]], int] = {
             pool.submit(run_point, settings): index for index, settings in jobs}
@@ -239,6 +257,7 @@ class ResultsFile:
         self._fields = columns[: len(columns) - len(METRICS)]
         self._earlier: dict[tuple[str, ...], dict[str, Any]] = {}
         self._handle: TextIO | None = None
+        self._lock: tuple[Path, TextIO] | None = None
 
     def load(self) -> dict[tuple[str, ...], dict[str, Any]]:
         """The metrics of points finished by earlier runs, by ``row_key``."""
@@ -264,6 +283,26 @@ class ResultsFile:
                     f"writes {', '.join(self.columns)}: give another --out")
             self._earlier[row_key([row[f] for f in self._fields])] = row
         return {key: _typed(row) for key, row in self._earlier.items()}
+
+    def lock(self) -> None:
+        """Hold ``<file>.lock`` for the sweep: a second sweep writing the same results file
+        is refused rather than let the two overwrite each other."""
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        handle = lock_path.open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            handle.close()
+            raise InvalidConfig(f"another sweep is writing {self.path}; wait for it to end, "
+                                f"or give another --out") from exc
+        self._lock = (lock_path, handle)
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            lock_path, handle = self._lock
+            lock_path.unlink(missing_ok=True)
+            handle.close()
+            self._lock = None
 
     def open(self) -> None:
         """Start the journal afresh with the rows read (atomically), then append to it."""
@@ -335,10 +374,24 @@ def sweep(base: Mapping[str, Any], vary: Mapping[str, Sequence[Any]], *,
     process); "dask" and "ray" use the cluster at ``scheduler``. A grid of more than
     ``max_points`` points is refused before it is built.
     """
-    points = grid(base, vary, estimate, max_points)  # the module's name: a test may stand in for it
+    # estimate by the module's name: a test may stand in for it
+    points = grid(base, vary, estimate, max_points)
     fields = tuple(vary)
-    rows: list[dict[str, Any] | None] = [None] * len(points)
     store = ResultsFile(Path(out), [*fields, *METRICS]) if out is not None else None
+    if store is not None:
+        store.lock()
+        try:
+            return _run(points, fields, store, workers, executor, scheduler, progress)
+        finally:
+            store.unlock()
+    return _run(points, fields, None, workers, executor, scheduler, progress)
+
+
+def _run(points: list[tuple[tuple[Any, ...], dict[str, Any]]], fields: tuple[str, ...],
+         store: ResultsFile | None, workers: int | None, executor: Executor,
+         scheduler: str | None, progress: Progress | None) -> SweepResult:
+    """The points not yet in ``store`` run, each written as it finishes."""
+    rows: list[dict[str, Any] | None] = [None] * len(points)
     if store is not None:
         earlier = store.load()
         for i, (raw, _) in enumerate(points):
