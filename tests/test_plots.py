@@ -145,8 +145,9 @@ def test_weak_scaling_rows() -> None:
     assert rows[0].efficiency == 1.0
     rates = [r.tokens_per_s or 0.0 for r in rows]
     assert rates == sorted(rates) and rates[-1] > 2 * rates[0]
-    # The many-GPU planner costs a pass as the slower of device and host; the one-GPU
-    # simulator overlaps them kernel by kernel: the two agree within 1% on a host-bound step.
+    # Both paths let the GPU wait where the host dispatches more slowly than kernels run,
+    # kernel by kernel (the one-GPU engine also overlaps the optimizer's Python with the
+    # backward's last kernels): more GPUs are never meaningfully faster per step.
     assert all(0 < (r.efficiency or 0) <= 1.01 for r in rows)
     assert set(rows[0].to_json()) == {"num_gpus", "batch_size", "step_time_s", "samples_per_s",
                                       "tokens_per_s", "efficiency", "fits", "error"}

@@ -54,11 +54,17 @@ class Work:
     flops: float
     kernels: int
     active_s: float  # kernel time at the roofline limit (see cost/energy.py)
+    # Time the device waits for the host within the pass: where the host dispatches more
+    # slowly than short kernels run, the queue runs dry (as the one-device engine finds it).
+    stall_s: float = 0.0
+    # How far the host had run ahead into this pass while the device finished the last one.
+    host_lead_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
-        # The host queues kernels ahead of the GPU; only when it is slower does it set the pace.
-        return max(self.compute_s + self.tp_comm_s, self.host_s)
+        # The host queues kernels ahead of the GPU; where it falls behind, the GPU waits.
+        return max(self.compute_s + self.tp_comm_s + self.stall_s,
+                   self.host_s - self.host_lead_s)
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ class ParallelPlan:
 
 
 def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
-          host_per_op: float, act: int) -> Work:
+          host_per_op: float, act: int, queue: Queue | None = None) -> Work:
     """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it."""
     n = job.parallel.microbatch_size
     device = job.topology.gpu
@@ -134,9 +140,11 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
     # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
     gemm_s: dict[tuple[str, str], float] = defaultdict(float)
     passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
+    device_s = []
     for op in ops:
         kc = kernel_cost(op, device, cal)
         cost = kc.seconds
+        device_s.append(cost)
         compute += cost
         active += active_seconds(kc)
         if op.phase == "recompute":
@@ -153,20 +161,54 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             comm += max(0.0, seconds - hidden)
-    return Work(compute, recompute, comm, _host_seconds(ops, passes, layers, cal, host_per_op),
-                flops, len(ops), active)
+    host = _host_seconds(ops, layers, cal, host_per_op)
+    queue = queue or Queue()
+    lead = max(0.0, queue.done - queue.dispatched)
+    return Work(compute, recompute, comm, sum(host), flops, len(ops), active,
+                queue.run(host, device_s), lead)
 
 
-def _host_seconds(ops: list[Op], passes: dict[tuple[str, str], None],
-                  layers: dict[str, Layer], cal: Calibration, host_per_op: float) -> float:
-    """What the host spends on a pass, as the single-device lowering charges it: each op's
-    dispatch, each layer's Python and autograd nodes, and a backward() call per backward."""
-    host = host_per_op * len(ops) + sum(op_host_extra(op, cal) for op in ops)
-    host += sum(units.us(cal.overhead.layer_call_us(layer_kind(layers[name]), phase))
-                for phase, name in passes)
-    if any(op.phase == "backward" for op in ops):
-        host += units.us(cal.overhead.backward_call_us)
-    return host
+@dataclass
+class Queue:
+    """The host dispatching kernels into the GPU's queue, one after another (host[i]; the
+    kernel then runs device[i] once the one before it is done), as the one-device engine
+    runs them. It carries over from a pass to the next, so a host that ran ahead during a
+    device-bound forward has a lead when the backward starts."""
+
+    dispatched: float = 0.0
+    done: float = 0.0
+
+    def run(self, host: list[float], device: list[float]) -> float:
+        """Seconds the device idles, waiting for the host, over these kernels."""
+        idle = 0.0
+        for h, d in zip(host, device, strict=True):
+            self.dispatched += h
+            if self.dispatched > self.done:
+                idle += self.dispatched - self.done
+                self.done = self.dispatched
+            self.done += d
+        return idle
+
+
+def _host_seconds(ops: list[Op], layers: dict[str, Layer], cal: Calibration,
+                  host_per_op: float) -> list[float]:
+    """What the host spends dispatching each op of a pass, as the single-device lowering
+    charges it: the op's dispatch, and at a layer's first op its Python and autograd nodes,
+    and at the pass's first backward op the backward() call."""
+    o = cal.overhead
+    seen: set[tuple[str, str]] = set()
+    started = False
+    out = []
+    for op in ops:
+        host = host_per_op + op_host_extra(op, cal)
+        if op.layer in layers and (op.phase, op.layer) not in seen:
+            seen.add((op.phase, op.layer))
+            host += units.us(o.layer_call_us(layer_kind(layers[op.layer]), op.phase))
+        if op.phase == "backward" and not started:
+            started = True
+            host += units.us(o.backward_call_us)
+        out.append(host)
+    return out
 
 
 def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
@@ -197,8 +239,9 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Ca
     fwd = [op for op in ops if op.phase == "forward"]
     bwd = [op for op in ops if op.phase != "forward"]
     act = stage_job.numerics().act_bytes
-    forward = _work(fwd, by_name, job, cal, host_per_op, act)
-    backward = _work(bwd, by_name, job, cal, host_per_op, act)
+    queue = Queue()  # a microbatch's backward follows its forward on the same host
+    forward = _work(fwd, by_name, job, cal, host_per_op, act, queue)
+    backward = _work(bwd, by_name, job, cal, host_per_op, act, queue)
     out = float(layers[-1].out_elements * job.parallel.microbatch_size * act)
     if job.parallel.sequence_parallel:
         out /= job.parallel.tensor  # stages exchange the sequence-split hidden states

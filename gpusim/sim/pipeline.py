@@ -56,7 +56,7 @@ from gpusim.sim.trace import Trace, TraceEvent
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tensor_parallel_comm",
                   "pipeline_bubble", "pipeline_comm", "data_parallel_comm", "comm_slowdown",
-                  "optimizer")
+                  "host_dispatch", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
 
     def duration(work: Work, unit: tuple[int, int]) -> float:
         busy = work.compute_s * slow_compute[unit] + work.tp_comm_s * slow_link[unit]
-        return max(busy, work.host_s)
+        return max(busy + work.stall_s, work.host_s - work.host_lead_s)
 
     def track(unit: tuple[int, int], stream: str) -> str:
         r, s = unit
@@ -275,6 +275,9 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             gathering = gather_weights(unit, chunk.params) if par.zero == 3 else None
             work = chunk.forward if t.kind == "F" else chunk.backward
             length = duration(work, unit)
+            # The GPU waiting for the host (queue run dry, or a host-bound pass throughout).
+            host_wait = max(0.0, length - work.compute_s * slow_compute[unit]
+                            - work.tp_comm_s * slow_link[unit])
             if t.kind == "B" and par.data > 1:  # gradient buckets fill as the pass runs
                 if par.zero >= 2:
                     pending += bucketed(unit, chunk, "reduce_scatter", start, length)
@@ -306,12 +309,13 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             info.busy += length + extra
             info.acct["comm_slowdown"] += extra
             tp = shared_tp
+            info.acct["host_dispatch"] += host_wait
             if t.kind == "F":
-                info.acct["forward"] += length - tp
+                info.acct["forward"] += length - tp - host_wait
             else:
                 recompute = work.recompute_s * slow_compute[unit]
                 info.acct["recompute"] += recompute
-                info.acct["backward"] += length - tp - recompute
+                info.acct["backward"] += length - tp - recompute - host_wait
             info.acct["tensor_parallel_comm"] += tp
             record(track(unit, "compute"),
                    f"{t.kind}{t.micro}" + (f".{t.chunk}" if v > 1 else ""),
