@@ -179,6 +179,10 @@ def run_sweep(args: argparse.Namespace) -> int:
         return 130
     bar.finish(result)
     print("\n".join(_table(result, args.metric)))
+    for field in result.inert_fields():
+        print(f"note: {field} changed no result: this job does not use it"
+              + (f" ({values.DESCRIPTIVE[field[len(values.GPU_PREFIX):]]})"
+                 if field[len(values.GPU_PREFIX):] in values.DESCRIPTIVE else ""))
     if args.out:
         print(f"results written to {args.out}")
     if args.plot:

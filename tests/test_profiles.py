@@ -161,3 +161,18 @@ def test_bad_files_are_refused_before_they_are_read(tmp_path: Path,
         assert main(["profiles", "check", str(path)]) == 2, path
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (path, err)
+
+
+def test_a_systems_nvlink_agrees_with_its_gpus_own_figure() -> None:
+    """Topologies take a GPU's intra-node bandwidth from its nvlink_bandwidth_gb_s (so a
+    what-if value of it takes effect); every shipped system's links come to the same."""
+    from gpusim.hardware.catalog import catalog, load_gpu, load_link
+    from gpusim.hardware.profile import SystemProfile
+
+    for system in catalog().all(SystemProfile):
+        link, gpu = load_link(system.intra_node_link), load_gpu(system.gpu)
+        if link.family == "pcie":
+            continue
+        assert gpu.nvlink_bandwidth_gb_s is not None, system.name
+        links = system.intra_node_links_per_gpu * link.bandwidth
+        assert links == pytest.approx(gpu.nvlink_bandwidth_gb_s * 1e9 / 2), system.name

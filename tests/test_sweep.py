@@ -472,3 +472,50 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+# Jobs that between them use every profile field the model reads.
+FIELD_JOBS: list[dict[str, Any]] = [
+    {"model": "gpt2", "gpu": "h100-sxm", "batch_size": 8, "precision": p}
+    for p in ("bf16", "fp8", "fp16", "tf32", "fp32")
+] + [
+    {"model": "mnist-cnn", "gpu": "mi300x", "batch_size": 64, "precision": "fp32"},
+    {"model": "mnist-cnn", "gpu": "epyc-9654", "batch_size": 64, "precision": "fp32"},
+    {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 16, "precision": "bf16",
+     "num_gpus": 16, "tp": 8, "seq_len": 2048, "checkpointing": "full"},
+    {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 1, "precision": "bf16",
+     "seq_len": 4096, "pure_bf16": True, "optimizer": "adamw8bit", "checkpointing": "full"},
+]
+
+
+def _field_value(job: dict[str, Any], field: str) -> Any:
+    value: Any = load_device(job["gpu"])
+    for part in field.split("."):
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+    return value
+
+
+def test_every_profile_field_a_sweep_takes_changes_a_result_or_says_it_cannot() -> None:
+    """A what-if value of a field the model reads changes the estimate of a job that uses
+    it; the fields no estimate reads are listed (with why) and really change nothing."""
+    from gpusim.explore import values
+
+    for field in values.gpu_fields():
+        changed = False
+        for job in FIELD_JOBS:
+            value = _field_value(job, field)
+            if value is None or isinstance(value, bool):
+                continue
+            base = sweep_module.run_point(dict(job))
+            for scale in (0.5, 2.0):
+                new = max(1, int(value * scale)) if isinstance(value, int) else value * scale
+                if sweep_module.run_point({**job, f"gpu.{field}": new}) != base:
+                    changed = True
+            if changed:
+                break
+        assert changed == (field not in values.DESCRIPTIVE), field
+
+
+def test_a_sweep_says_when_a_field_changed_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    result = sweep(BASE, {"batch_size": [32, 64], "gpu.l2_cache_mib": [25, 50]}, workers=1)
+    assert result.inert_fields() == ["gpu.l2_cache_mib"]

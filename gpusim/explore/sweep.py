@@ -64,6 +64,21 @@ class SweepResult:
     def column(self, name: str) -> list[Any]:
         return [row[name] for row in self.rows]
 
+    def inert_fields(self) -> list[str]:
+        """Varied fields whose values changed no metric of any point (the other varied
+        fields held fixed): fields this job does not use."""
+        inert = []
+        for field in self.fields:
+            others = [f for f in self.fields if f != field]
+            outcomes: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
+            for row in self.rows:
+                key = tuple(str(row[f]) for f in others)
+                outcomes.setdefault(key, set()).add(tuple(row[m] for m in METRICS))
+            if len({str(row[field]) for row in self.rows}) > 1 and all(
+                    len(seen) == 1 for seen in outcomes.values()):
+                inert.append(field)
+        return inert
+
 
 # Points a sweep runs unless told otherwise: at tens of milliseconds a point on a few cores,
 # about ten minutes of work.

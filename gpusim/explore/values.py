@@ -26,6 +26,21 @@ from gpusim.hardware.profile import PRECISIONS, CPUProfile, DeviceProfile, GPUPr
 
 Value = int | float | str
 GPU_PREFIX = "gpu."
+# Profile fields that describe a device but that no estimate reads: a sweep over one changes
+# nothing, and its note says why.
+DESCRIPTIVE = {
+    "cuda_cores": "a count the datasheet gives; the model works from the peak FLOP/s",
+    "tensor_cores": "a count the datasheet gives; the model works from the peak FLOP/s",
+    "l2_cache_mib": "the cost model does not model caches",
+    "launch_price_usd": "a purchase price: compare and budget read it, estimate does not",
+    "memory_channels": "the model works from the memory bandwidth",
+    "l3_cache_mib": "the cost model does not model caches",
+    "threads": "the model works from the cores and their FMA units",
+    **{f"vector_tflops.{p}": "elementwise work runs at the fp32 vector rate; matrix work on "
+                             "the matrix units" for p in ("tf32", "fp16", "bf16", "fp8")},
+    **{f"{table}.{p}": f"no training precision runs in {p}"
+       for table in ("vector_tflops", "matrix_tflops") for p in ("fp64", "int8")},
+}
 # More values than this in one range is a typing slip, refused before any list is built.
 LONGEST_RANGE = 100_000
 # What a varied profile field cites as its source: the profile schema requires one.
