@@ -176,3 +176,25 @@ def test_a_systems_nvlink_agrees_with_its_gpus_own_figure() -> None:
         assert gpu.nvlink_bandwidth_gb_s is not None, system.name
         links = system.intra_node_links_per_gpu * link.bandwidth
         assert links == pytest.approx(gpu.nvlink_bandwidth_gb_s * 1e9 / 2), system.name
+
+
+def test_profile_files_work_wherever_names_do(tmp_path: Path) -> None:
+    """A system, GPU or link YAML file is taken by --system, --gpu and the load functions,
+    as names are; a file of the wrong kind says so."""
+    import gpusim
+    from gpusim.errors import InvalidProfile
+    from gpusim.estimate import estimate
+    from gpusim.hardware.catalog import load_link, load_system
+
+    system = tmp_path / "my-system.yaml"
+    text = (profiles_dir() / "systems" / "dgx-h100.yaml").read_text()
+    system.write_text(text.replace("name: dgx-h100", "name: my-system", 1))
+    assert load_system(str(system)).name == "my-system"
+    mine = estimate("gpt2", None, 64, precision="bf16", system=str(system), num_gpus=8)
+    named = estimate("gpt2", None, 64, precision="bf16", system="dgx-h100", num_gpus=8)
+    assert mine.step.step_time_s == pytest.approx(named.step.step_time_s)
+    gpu_file = str(profiles_dir() / "gpus" / "h100-sxm.yaml")
+    assert gpusim.load_gpu(gpu_file).name == "h100-sxm"
+    assert load_link(str(profiles_dir() / "links" / "nvlink4.yaml")).name == "nvlink4"
+    with pytest.raises(InvalidProfile, match="is a gpu profile, not a system"):
+        load_system(gpu_file)

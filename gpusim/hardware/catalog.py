@@ -233,27 +233,33 @@ def catalog() -> Catalog:
     return _catalog_at(str(profiles_dir()))
 
 
-def load_device(name_or_path: str) -> DeviceProfile:
-    """A GPU or CPU by name or alias, or from a YAML file path."""
+def _load(name_or_path: str, kind: type[P], what: str) -> P:
+    """A profile of ``kind`` by name or alias, or from a YAML file path (files work wherever
+    names do)."""
     if name_or_path.endswith((".yaml", ".yml")):
         profile = load_profile_file(name_or_path)
-        if not isinstance(profile, DeviceProfile):
-            raise InvalidProfile(f"{name_or_path}: is a {profile.kind} profile, not a GPU or CPU")
+        if not isinstance(profile, kind):
+            raise InvalidProfile(f"{name_or_path}: is a {profile.kind} profile, not {what}")
         return profile
-    return catalog().get(name_or_path, DeviceProfile)
+    return catalog().get(name_or_path, kind)
 
 
-def load_gpu(name: str) -> GPUProfile:
-    return catalog().get(name, GPUProfile)
+def load_device(name_or_path: str) -> DeviceProfile:
+    """A GPU or CPU by name or alias, or from a YAML file path."""
+    return _load(name_or_path, DeviceProfile, "a GPU or CPU")
 
 
-def load_cpu(name: str) -> CPUProfile:
-    return catalog().get(name, CPUProfile)
+def load_gpu(name_or_path: str) -> GPUProfile:
+    return _load(name_or_path, GPUProfile, "a GPU")
 
 
-def load_link(name: str) -> LinkProfile:
-    return catalog().get(name, LinkProfile)
+def load_cpu(name_or_path: str) -> CPUProfile:
+    return _load(name_or_path, CPUProfile, "a CPU")
 
 
-def load_system(name: str) -> SystemProfile:
-    return catalog().get(name, SystemProfile)
+def load_link(name_or_path: str) -> LinkProfile:
+    return _load(name_or_path, LinkProfile, "a link")
+
+
+def load_system(name_or_path: str) -> SystemProfile:
+    return _load(name_or_path, SystemProfile, "a system")
