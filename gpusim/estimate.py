@@ -438,6 +438,7 @@ def estimate(
         price_usd_per_hour=quote.usd_per_hour if quote else None,
         price_source=f"{quote.provider}, {quote.date}" if quote else None,
         average_power_w=power,
+        device_is_gpu=device.is_gpu,
         calibration=f"{cal.name} ({cal.status})",
         assumptions=assumptions,
     )

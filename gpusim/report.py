@@ -70,6 +70,7 @@ class TrainingEstimate(BaseModel):
     average_power_w: float
     calibration: str
     assumptions: list[str]
+    device_is_gpu: bool = True
 
     @property
     def time_to_train_s(self) -> float:
@@ -147,7 +148,7 @@ class TrainingEstimate(BaseModel):
         lines += [
             f"  steps            {self.steps:>14,}",
             f"  time to train    {units.human_seconds(self.time_to_train_s):>14}",
-            f"  GPU-hours        {self.gpu_hours:>14,.2f} h",
+            f"  {'GPU' if self.device_is_gpu else 'CPU'}-hours        {self.gpu_hours:>14,.2f} h",
             f"  cost             {cost:>14}{price}",
             f"  energy           {self.energy_kwh:>14,.2f} kWh "
             f"(average {self.average_power_w:.0f} W per device)",

@@ -254,3 +254,10 @@ def test_malformed_model_files_name_the_layer(body: str, message: str, tmp_path:
     assert main(["estimate", "--model", str(path), "--gpu", "h100", "--batch-size", "4"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_cpu_run_counts_cpu_hours(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--model", "mnist-mlp", "--gpu", "epyc-9654", "--batch-size",
+                 "64", "--steps", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU-hours" in out and "GPU-hours" not in out

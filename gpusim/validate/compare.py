@@ -228,7 +228,11 @@ def validate_all(root: str | Path | None = None, device: str | None = None,
     files = results.find(root, "models", name, runs)
     if not files:
         where = f" for {name}" if name else ""
-        raise InvalidMeasurement(f"no models-suite measurements{where} under {root}")
+        device_hint = name or "<device>"
+        raise InvalidMeasurement(
+            f"no models-suite measurements{where} under {root}; measure them on that "
+            f"device with `gpusim measure --suite models --out measurements/{device_hint}` "
+            f"(and the micro suite, for `gpusim calibrate`), see measurements/README.md")
     return [validate_file(f, calibration) for f in files]
 
 
