@@ -24,6 +24,10 @@ PUBLISHED = {
     "llama2-7b": (6.74e9, 0.01),
     "llama3-8b": (8.03e9, 0.01),
     "llama3-70b": (70.6e9, 0.01),
+    # torchvision's vit_b_16 and vit_l_16 (86,567,656 and 304,326,632), ViT paper's 632M
+    "vit-b16": (86_567_656, 1e-9),
+    "vit-l16": (304_326_632, 1e-9),
+    "vit-h14": (632e6, 0.01),
 }
 
 
@@ -37,6 +41,24 @@ def test_resnet50_forward_is_about_4_1_gmac() -> None:
     # He et al. 2016, Table 1: 3.8e9 FLOPs (multiply-adds) for v1; v1.5 is about 4.1 GMAC.
     gmac = zoo.get("resnet50").forward_flops_per_sample / 2 / 1e9
     assert gmac == pytest.approx(4.1, rel=0.03)
+
+
+@pytest.mark.parametrize(("name", "gmac"), [("vit-b16", 17.56), ("vit-l16", 61.55)])
+def test_vision_transformer_forward_matches_torchvision(name: str, gmac: float) -> None:
+    """torchvision's docs count multiply-adds (GFLOPS 17.56 for vit_b_16, 61.55 for
+    vit_l_16); gpusim counts both halves of each."""
+    model = zoo.get(name)
+    assert model.forward_flops_per_sample / 2 / 1e9 == pytest.approx(gmac, rel=0.01)
+    assert model.tokens_per_sample == 0  # images, not tokens
+
+
+def test_a_vision_transformer_takes_another_image_size() -> None:
+    small, large = zoo.get("vit-b16", image_size=224), zoo.get("vit-b16", image_size=384)
+    # More patches: more positions in the table, and attention over (384/16)^2 + 1 tokens.
+    assert large.parameters - small.parameters == (24 * 24 - 14 * 14) * 768
+    assert large.forward_flops_per_sample > 2.9 * small.forward_flops_per_sample
+    with pytest.raises(UnknownModel, match="takes no image size"):
+        zoo.get("gpt2", image_size=224)
 
 
 def test_vgg16_forward_is_about_15_5_gmac() -> None:

@@ -64,6 +64,10 @@ def transformer_config(name: str) -> TransformerConfig | None:
 _RESIZABLE = ("alexnet", "vgg16", "resnet50")
 
 
+def _vision_transformers() -> list[str]:
+    return [name for name, cfg in TRANSFORMERS.items() if cfg.kind == "vision"]
+
+
 def get(name: str, seq_len: int | None = None, image_size: int | None = None) -> Model:
     """Build zoo model ``name``; ``seq_len`` applies to transformers, ``image_size`` (square
     input, default 224) to the ImageNet CNNs."""
@@ -76,7 +80,13 @@ def get(name: str, seq_len: int | None = None, image_size: int | None = None) ->
                                f"{', '.join(_RESIZABLE)}")
         return _VISION[key](image_size)
     if key in TRANSFORMERS:
-        return build_transformer(TRANSFORMERS[key], seq_len)
+        cfg = TRANSFORMERS[key]
+        if image_size is not None:
+            if cfg.kind != "vision":
+                raise UnknownModel(f"{key} takes no image size; image_size applies to "
+                                   f"{', '.join((*_RESIZABLE, *_vision_transformers()))}")
+            cfg = cfg.model_copy(update={"image_size": image_size})
+        return build_transformer(cfg, seq_len)
     from gpusim.workload.formats import load_model_file  # formats reads the zoo too
 
     return load_model_file(shipped_configs()[key], seq_len)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import (
+    Conv2d,
     Layer,
     Linear,
     TensorSplit,
@@ -24,6 +25,7 @@ from gpusim.workload.layers import (
     swiglu,
 )
 from gpusim.workload.model import InputSpec, Model
+from gpusim.workload.zoo.vision import IMAGENET_INPUT
 
 PosInt = Annotated[int, Field(gt=0)]
 
@@ -42,7 +44,13 @@ class TransformerConfig(BaseModel):
     ffn_hidden: PosInt | None = Field(None, description="defaults to 4 x hidden")
     vocab: PosInt = 50257
     seq_len: PosInt = 2048
-    kind: Literal["decoder", "encoder"] = "decoder"
+    kind: Literal["decoder", "encoder", "vision"] = "decoder"
+    # vision (ViT): the image cut into patch x patch squares, each embedded by a strided
+    # convolution, a class token in front; the class token's output is classified
+    image_size: PosInt = 224
+    patch_size: PosInt = 16
+    channels: PosInt = 3
+    classes: PosInt = 1000
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     activation: Literal["gelu", "swiglu", "geglu"] = Field(
         "gelu", description="MLP: plain GELU, or gated (SwiGLU's silu(a) * b, GeGLU's "
@@ -88,9 +96,18 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
     s = seq_len or cfg.seq_len
     h, kv, hd = cfg.hidden, cfg.kv_heads or cfg.heads, cfg.dim_head
     norm = rms_norm if cfg.norm == "rmsnorm" else layer_norm
-    layers: list[Layer] = [Embedding("embed.tokens", cfg.vocab, h, s, block="embed", tp="vocab")]
+    vision = cfg.kind == "vision"
+    layers: list[Layer]
+    if vision:
+        side = cfg.image_size // cfg.patch_size
+        s = side * side + 1  # the patches and the class token
+        layers = [Conv2d("embed.patches", cfg.channels, h, cfg.patch_size, cfg.image_size,
+                         cfg.image_size, stride=cfg.patch_size, bias=True, block="embed"),
+                  Embedding("embed.class_token", 1, h, 1, block="embed")]
+    else:
+        layers = [Embedding("embed.tokens", cfg.vocab, h, s, block="embed", tp="vocab")]
     if cfg.positions == "learned":
-        table = cfg.max_positions or s
+        table = s if vision else cfg.max_positions or s
         layers.append(Embedding("embed.positions", table, h, s, block="embed"))
     if cfg.type_vocab:
         layers.append(Embedding("embed.types", cfg.type_vocab, h, s, block="embed"))
@@ -101,7 +118,8 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
 
     for i in range(cfg.layers):
         b = f"h.{i}"
-        pre = cfg.kind == "decoder"  # GPT and Llama normalize before each sublayer, BERT after
+        # GPT, Llama and ViT normalize before each sublayer, BERT after
+        pre = cfg.kind != "encoder"
         attn: list[Layer] = [
             Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s,
                    cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, block=b, tp="column"),
@@ -127,6 +145,15 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
         norm2 = _split(norm(f"{b}.norm2", h, s, block=b), "sequence")
         layers += [norm1, *attn, norm2, *mlp] if pre else [*attn, norm1, *mlp, norm2]
 
+    if vision:  # the class token's output, normalized and classified
+        layers += [_split(norm("final_norm", h, s, block="head"), "sequence"),
+                   Linear("head.classes", h, cfg.classes, 1, True, block="head"),
+                   CrossEntropy("loss", cfg.classes, 1, block="head")]
+        pixels = InputSpec(cfg.channels * cfg.image_size**2, IMAGENET_INPUT.loader_cpu_s,
+                           f"ImageNet JPEG, decoded and cropped to {cfg.image_size}x"
+                           f"{cfg.image_size} uint8")
+        return Model(cfg.name, tuple(layers), pixels, "transformer", tokens_per_sample=0,
+                     description=cfg.description, source=cfg.source)
     if cfg.kind == "decoder":
         layers.append(_split(norm("final_norm", h, s, block="head"), "sequence"))
     else:  # BERT's masked-LM head transform, over every position
@@ -175,6 +202,17 @@ def _bert(name: str, layers: int, hidden: int, heads: int, size: str) -> Transfo
                              source="Devlin et al. 2019; google-research/bert configs")
 
 
+_VIT = ("Dosovitskiy et al. 2021 (ViT), Table 1; torchvision models docs: vit_b_16 86.6M "
+        "parameters and 17.56 GFLOPS (multiply-adds), vit_l_16 304.3M and 61.55")
+
+
+def _vit(name: str, layers: int, hidden: int, heads: int, mlp: int, patch: int,
+         size: str) -> TransformerConfig:
+    return TransformerConfig(name=name, layers=layers, hidden=hidden, heads=heads,
+                             ffn_hidden=mlp, kind="vision", patch_size=patch,
+                             tied_embeddings=False, description=size, source=_VIT)
+
+
 TRANSFORMERS: dict[str, TransformerConfig] = {
     c.name: c
     for c in [
@@ -194,6 +232,9 @@ TRANSFORMERS: dict[str, TransformerConfig] = {
         _gpt3("gpt3-6.7b", 32, 4096, 32, "6.7B"),
         _gpt3("gpt3-13b", 40, 5120, 40, "13B"),
         _gpt3("gpt3-175b", 96, 12288, 96, "175B"),
+        _vit("vit-b16", 12, 768, 12, 3072, 16, "ViT-B/16 (86M), 224x224 images"),
+        _vit("vit-l16", 24, 1024, 16, 4096, 16, "ViT-L/16 (304M), 224x224 images"),
+        _vit("vit-h14", 32, 1280, 16, 5120, 14, "ViT-H/14 (632M), 224x224 images"),
         _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, "Llama 2 7B",
                "Touvron et al. 2023 (Llama 2); meta-llama/Llama-2-7b-hf config.json"),
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, "Llama 3 8B",
