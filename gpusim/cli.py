@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gpusim import (
     cli_compare,
@@ -151,8 +151,16 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     return many
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (the usage of estimate alone runs to forty
+    lines, which buried the one that says what is wrong)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gpusim",
         description="Predict deep-learning training time and cost on GPUs and CPUs.",
     )

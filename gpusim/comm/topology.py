@@ -156,10 +156,10 @@ class Topology:
         links = self.system.intra_node_links_per_gpu
         per_gpu = links * self.intra_node_link.bandwidth
         if self.intra_node_link.family != "pcie" and self.gpu.nvlink_bandwidth_gb_s:
-            # The GPU's own NVLink (or Infinity Fabric) figure, both directions, halved: the
-            # system's links times their bandwidth come to the same for every shipped system,
-            # and a what-if value of the GPU's field then takes effect.
-            per_gpu = self.gpu.nvlink_bandwidth_gb_s * 1e9 / 2
+            # A GPU uses no more than its own NVLink (or Infinity Fabric) ports give, both
+            # directions halved, nor more than the system wires to it; for every shipped
+            # system the two agree, and a what-if value of the GPU's field takes effect.
+            per_gpu = min(per_gpu, self.gpu.nvlink_bandwidth_gb_s * 1e9 / 2)
         if self.system.intra_node_topology in _MESHES and 1 < ranks_per_node < self.gpus_per_node:
             per_gpu *= (ranks_per_node - 1) / (self.gpus_per_node - 1)
         return per_gpu
