@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from gpusim import (
     cli_compare,
     cli_explore,
+    cli_kernel,
     cli_scaling,
     cli_search,
     cli_validation,
@@ -228,6 +229,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_search.add_parsers(sub)
     cli_compare.add_parsers(sub)
     cli_scaling.add_parsers(sub)
+    cli_kernel.add_parsers(sub)
     return p
 
 
@@ -475,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"estimate": _estimate, "memory": _memory, "profiles": _profiles,
                 "models": _models,
                 **cli_validation.HANDLERS, **cli_explore.HANDLERS, **cli_search.HANDLERS,
-                **cli_compare.HANDLERS, **cli_scaling.HANDLERS}
+                **cli_compare.HANDLERS, **cli_scaling.HANDLERS, **cli_kernel.HANDLERS}
     try:
         return handlers[args.command](args)
     except BrokenPipeError:

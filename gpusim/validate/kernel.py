@@ -1,0 +1,112 @@
+"""One kernel, predicted and, where the project measured the same case, compared: how a user
+checks the building blocks (``gpusim kernel``).
+
+A kernel is described as a micro-suite case (``gpusim/measure/runner.py`` names them), so
+the prediction is the one calibration is fitted against, and a committed measurement of the
+same case id on the same device is found and shown beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gpusim.calibrate.micro_ops import SDPA_KERNELS, case_ops, predict
+from gpusim.cost.kernels import kernel_cost
+from gpusim.errors import InvalidConfig
+from gpusim.hardware.calibration import Calibration, calibration_for
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.measure import results
+
+KERNELS_BY_NAME = {name: backend for backend, name in SDPA_KERNELS.items()}
+
+
+@dataclass(frozen=True)
+class KernelPrediction:
+    case_id: str
+    device: str
+    seconds: float  # as the micro suite times it: in a loop, the host's issue cost included
+    kernel_seconds: float  # the device's own time
+    flops: float
+    bytes: float
+    bound: str
+    efficiency: float  # achieved fraction of the peak that bounds it (FLOP/s or bandwidth)
+    calibration: str
+    measured_s: float | None = None
+    measured_in: str | None = None
+
+    @property
+    def achieved_tflop_s(self) -> float:
+        return self.flops / self.seconds / 1e12
+
+    @property
+    def achieved_gb_s(self) -> float:
+        return self.bytes / self.seconds / 1e9
+
+    @property
+    def error(self) -> float | None:
+        return None if self.measured_s is None else self.seconds / self.measured_s - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": self.case_id, "device": self.device, "predicted_s": self.seconds,
+                "kernel_s": self.kernel_seconds, "flops": self.flops, "bytes": self.bytes,
+                "achieved_tflop_s": self.achieved_tflop_s, "achieved_gb_s": self.achieved_gb_s,
+                "bound": self.bound, "efficiency": self.efficiency,
+                "calibration": self.calibration, "measured_s": self.measured_s,
+                "measured_in": self.measured_in, "error": self.error}
+
+
+def gemm_case(m: int, n: int, k: int, precision: str) -> dict[str, Any]:
+    return {"id": f"gemm/{precision}/{m}x{n}x{k}", "kind": "gemm", "precision": precision,
+            "m": m, "n": n, "k": k}
+
+
+def attention_case(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int,
+                   causal: bool, kernel: str, phase: str) -> dict[str, Any]:
+    """SDPA in bf16, as the micro suite runs it: ``kernel`` auto (SDPA's choice) or a named
+    kernel (flash2, cudnn, efficient)."""
+    if kernel != "auto" and kernel not in KERNELS_BY_NAME:
+        raise InvalidConfig(f"unknown attention kernel {kernel!r}; use auto or "
+                            f"{', '.join(KERNELS_BY_NAME)}")
+    if heads % kv_heads:
+        raise InvalidConfig(f"heads {heads} is not divisible by kv heads {kv_heads}")
+    backend = KERNELS_BY_NAME.get(kernel, "auto")
+    key = f"{batch}x{heads}x{kv_heads}x{seq}x{head_dim}" + ("-causal" if causal else "")
+    return {"id": f"sdpa/{backend}/{key}/{phase}", "kind": "sdpa", "precision": "bf16",
+            "backend": backend, "batch": batch, "heads": heads, "kv_heads": kv_heads,
+            "seq": seq, "head_dim": head_dim, "causal": causal, "pass": phase}
+
+
+def memory_case(op: str, n_bytes: int) -> dict[str, Any]:
+    return {"id": f"elementwise/{op}/{n_bytes}", "kind": "elementwise", "op": op,
+            "bytes": n_bytes, "dtype": "fp32"}
+
+
+def _measured(case_id: str, device: DeviceProfile) -> tuple[float | None, str | None]:
+    """The median of the same case in the device's committed micro files, if any."""
+    for path in results.find(results.measurements_dir(), "micro", device.name, runs=True):
+        for row in json.loads(path.read_text())["cases"]:
+            if row.get("id") == case_id and "median_s" in row and not row.get("graph"):
+                return float(row["median_s"]), results.display_path(path)
+    return None, None
+
+
+def predict_kernel(case: dict[str, Any], device: DeviceProfile,
+                   calibration: Calibration | None = None) -> KernelPrediction:
+    cal = calibration or calibration_for(device)
+    ops = case_ops(case, device)
+    if not ops:
+        raise InvalidConfig(f"{case['id']}: no kernel to cost")
+    costs = [kernel_cost(op, device, cal) for op in ops]
+    seconds = predict(case, device, cal)
+    main = max(costs, key=lambda c: c.seconds)
+    measured, where = _measured(case["id"], device)
+    n_bytes = sum(op.bytes for op in ops)
+    # The fraction of what bounds it: the unit's FLOP/s, or the memory bandwidth.
+    efficiency = (main.efficiency if main.bound == "compute"
+                  else n_bytes / seconds / device.memory_bandwidth)
+    return KernelPrediction(
+        case["id"], device.name, seconds, sum(c.seconds for c in costs),
+        sum(op.flops for op in ops), n_bytes, main.bound, efficiency, cal.name, measured,
+        where)

@@ -1,0 +1,72 @@
+"""gpusim kernel: one kernel predicted beside the measurement of the same case, and the
+predictions of cases no fit has seen (the H100's fourth lease, micro-run4.json)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from gpusim.cli import main
+from gpusim.errors import InvalidConfig
+from gpusim.hardware.catalog import load_device
+from gpusim.measure import results
+from gpusim.validate.kernel import attention_case, gemm_case, memory_case, predict_kernel
+
+
+def test_a_large_gemm_is_predicted_beside_its_measurement() -> None:
+    result = predict_kernel(gemm_case(8192, 8192, 8192, "bf16"), load_device("h100-sxm"))
+    assert result.measured_s is not None and result.measured_in
+    assert abs(result.error or 0) < 0.15
+    assert result.bound == "compute" and 0.5 < result.efficiency < 1
+    assert result.achieved_tflop_s == pytest.approx(2 * 8192**3 / result.seconds / 1e12)
+
+
+def test_named_attention_kernels_and_copies() -> None:
+    h100 = load_device("h100-sxm")
+    shape = (8, 32, 8, 2048, 128, True)
+    flash = predict_kernel(attention_case(*shape, "flash2", "forward"), h100)
+    cudnn = predict_kernel(attention_case(*shape, "cudnn", "forward"), h100)
+    assert cudnn.seconds < flash.seconds
+    copy = predict_kernel(memory_case("copy", 2**28), h100)
+    assert copy.bound == "memory" and 0.5 < copy.efficiency <= 1
+    with pytest.raises(InvalidConfig, match="unknown attention kernel"):
+        attention_case(*shape, "flash9", "forward")
+
+
+def test_held_out_measurements_are_predicted_within_ten_percent() -> None:
+    """The fourth H100 lease's GEMMs of at least 1 GFLOP and SDPA cases (never fitted):
+    median error within 10%."""
+    h100 = load_device("h100-sxm")
+    path = results.measurements_dir() / "h100-sxm" / "micro-run4.json"
+    errors = []
+    for row in json.loads(path.read_text())["cases"]:
+        if "median_s" not in row or row.get("graph"):
+            continue
+        if row["kind"] == "gemm" and 2 * row["m"] * row["n"] * row["k"] >= 1e9:
+            case = gemm_case(row["m"], row["n"], row["k"], row["precision"])
+        elif row["kind"] == "sdpa" and row["backend"] != "math":
+            name = {"flash": "flash2", "cudnn": "cudnn", "efficient": "efficient",
+                    "auto": "auto"}[row["backend"]]
+            case = attention_case(row["batch"], row["heads"], row["kv_heads"], row["seq"],
+                                  row["head_dim"], row["causal"], name, row["pass"])
+        else:
+            continue
+        predicted = predict_kernel(case, h100).seconds
+        errors.append(abs(predicted / row["median_s"] - 1))
+    assert len(errors) > 100
+    assert statistics.median(errors) < 0.10
+
+
+def test_kernel_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["kernel", "--gpu", "h100-sxm", "--op", "gemm", "--m", "4096", "--n", "4096",
+                 "--k", "4096", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "TFLOP/s" in out and "measured" in out
+    assert main(["kernel", "--gpu", "h100-sxm", "--op", "copy", "--bytes", "1000000",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bound"] == "memory" and data["predicted_s"] > 0
+    assert main(["kernel", "--gpu", "h100-sxm", "--op", "gemm", "--m", "8"]) == 2
+    assert "needs --n, --k" in capsys.readouterr().err
