@@ -55,6 +55,7 @@ from gpusim.report import TrainingEstimate
 from gpusim.sim.ranks import Straggler
 from gpusim.stack import ATTENTION_KERNELS
 from gpusim.workload import zoo
+from gpusim.workload.fp8 import FP8_RECIPES
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import FP32
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -88,6 +89,11 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="how the framework writes the layers (norms, grouped K/V, "
                            "SwiGLU): pytorch (default), hf-transformers, litgpt, torchtitan, "
                            "torchtune, megatron, or a stack YAML file (stacks/)")
+    tech.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
+                      help="with --precision fp8 (linear layers only; attention, norms and "
+                           "the head stay bf16): tensorwise (default; torchao), rowwise, "
+                           "delayed (Transformer Engine) or mxfp8 scaling, each with its "
+                           "cast and scale kernels")
     tech.add_argument("--attention", choices=ATTENTION_KERNELS,
                       help="attention kernel: auto (SDPA's choice on the GPU; the stack's "
                            "default), flash2 (FlashAttention-2), cudnn, efficient, or math "
@@ -291,6 +297,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "sequence_parallel": args.sequence_parallel,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
         "pure_bf16": args.pure_bf16, "stack": args.stack, "attention": args.attention,
+        "fp8_recipe": args.fp8_recipe,
         "offload": args.offload,
         "finetune": args.finetune, "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets, "lora_dropout": args.lora_dropout,

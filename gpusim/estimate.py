@@ -254,6 +254,7 @@ def build_job(
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
     attention: str | None = None,
+    fp8_recipe: str = "tensorwise",
     offload: str = "none",
     finetune: str = "full",
     lora_rank: int = 8,
@@ -265,7 +266,8 @@ def build_job(
     ``max_batch`` replaces the microbatch (and gradient accumulation) by the largest
     microbatch that fits and divides each replica's share of the batch. ``stack`` (a name,
     a YAML file or a Stack; default ``pytorch``) says how the framework writes the layers;
-    ``attention`` (auto, flash2, cudnn, efficient, math) replaces its attention kernel."""
+    ``attention`` (auto, flash2, cudnn, efficient, math) replaces its attention kernel;
+    ``fp8_recipe`` says how fp8 training scales its tensors (``precision`` fp8)."""
     framework = load_stack(stack).with_attention(attention)
     net = apply_stack(resolve_model(model, seq_len), framework)
     if finetune not in FINETUNES:
@@ -287,7 +289,7 @@ def build_job(
         job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
                           stack=framework, offload=offload, quantized_base=quantized,
-                          adapters_only=finetune != "full")
+                          adapters_only=finetune != "full", fp8_recipe=fp8_recipe)
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
@@ -302,7 +304,7 @@ def build_job(
     pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
                        frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
                        stack=framework, offload=offload, quantized_base=quantized,
-                       adapters_only=finetune != "full")
+                       adapters_only=finetune != "full", fp8_recipe=fp8_recipe)
     if max_batch:
         share = batch_size // config.data
 
@@ -363,6 +365,7 @@ def estimate(
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
     attention: str | None = None,
+    fp8_recipe: str = "tensorwise",
     offload: str = "none",
     finetune: str = "full",
     lora_rank: int = 8,
@@ -387,7 +390,8 @@ def estimate(
         microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
         zero=zero, sequence_parallel=sequence_parallel,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
-        stack=stack, attention=attention, offload=offload, finetune=finetune,
+        stack=stack, attention=attention, fp8_recipe=fp8_recipe, offload=offload,
+        finetune=finetune,
         lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)

@@ -58,8 +58,29 @@ def input_elements(layer: Layer) -> int:
     return 0
 
 
+def runs_in_fp8(layer: Layer, job: TrainingJob) -> bool:
+    """Under fp8 training, the linear layers that frameworks convert (torchao's float8 and
+    Transformer Engine's): trained projections whose dimensions fp8 kernels take (multiples
+    of 16), not the output head."""
+    return (isinstance(layer, Linear) and not layer.name.startswith("head.")
+            and job.is_trainable(layer.name) and not layer.in_features % 16
+            and not layer.out_features % 16)
+
+
 def layer_precisions(job: TrainingJob) -> dict[str, LayerPrecision]:
-    """Each layer's precision under the job's autocast (every layer the job's own otherwise)."""
+    """Each layer's precision under the job's autocast (every layer the job's own otherwise);
+    under fp8 training only the converted linear layers compute in fp8, the rest in bf16."""
+    out = _autocast_precisions(job)
+    if job.numerics().matmul != "fp8":
+        return out
+    for layer in job.model.layers:
+        if not runs_in_fp8(layer, job):
+            p = out[layer.name]
+            out[layer.name] = replace(p, numerics=replace(p.numerics, matmul="bf16"))
+    return out
+
+
+def _autocast_precisions(job: TrainingJob) -> dict[str, LayerPrecision]:
     num = job.numerics()
     if not autocasts(job):
         return {layer.name: LayerPrecision(num) for layer in job.model.layers}

@@ -15,6 +15,7 @@ from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.offload import check_offload
 from gpusim.plan.recompute import parse_recompute
 from gpusim.stack import Stack, default_stack
+from gpusim.workload.fp8 import FP8_RECIPES
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.lora import LORA_SUFFIX
 from gpusim.workload.model import Model
@@ -79,6 +80,7 @@ class TrainingJob:
     offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
     quantized_base: bool = False  # frozen projections held in 4-bit NF4 (QLoRA)
     adapters_only: bool = False  # LoRA: only the adapters train, the base is frozen
+    fp8_recipe: str = "tensorwise"  # with precision fp8: how scales are found (workload/fp8.py)
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -201,5 +203,8 @@ class TrainingJob:
                     f"{dev.full_name} has no fp8 tensor cores (Hopper, Ada and later do); "
                     f"use bf16 or fp16"
                 )
-            return Numerics("fp8", "bf16", "bf16")
+            if self.fp8_recipe not in FP8_RECIPES:
+                raise InvalidConfig(f"unknown fp8 recipe {self.fp8_recipe!r}; use one of "
+                                    f"{', '.join(FP8_RECIPES)}")
+            return Numerics("fp8", "bf16", "bf16", fp8_recipe=self.fp8_recipe)
         return Numerics(self.precision, self.precision, self.precision)

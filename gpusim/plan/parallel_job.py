@@ -115,6 +115,7 @@ class ParallelJob:
     offload: str = "none"  # optimizer or params in host memory (gpusim.plan.offload)
     quantized_base: bool = False  # frozen projections held in 4-bit NF4 (QLoRA)
     adapters_only: bool = False  # LoRA: only the adapters train, the base is frozen
+    fp8_recipe: str = "tensorwise"  # with precision fp8: how scales are found (workload/fp8.py)
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -216,7 +217,7 @@ class ParallelJob:
                            input_requires_grad=not first, fsdp=self.fsdp,
                            pure_bf16=self.pure_bf16, stack=self.stack,
                            offload=self.offload, quantized_base=self.quantized_base,
-                           adapters_only=self.adapters_only)
+                           adapters_only=self.adapters_only, fp8_recipe=self.fp8_recipe)
 
     @cached_property
     def model_flops_per_sample(self) -> float:

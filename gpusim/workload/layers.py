@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gpusim.workload.fp8 import quantize_ops
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import (
     DTYPE_BYTES,
@@ -117,12 +118,21 @@ class Linear(Layer):
     def forward(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(n * self.rows, self.out_features, self.in_features,
                            row_lengths=self._rows)
-        return self._tag([gemm_op(f"{self.name}.fwd", shape, num.matmul, num.act_bytes)])
+        ops = [gemm_op(f"{self.name}.fwd", shape, num.matmul, num.act_bytes)]
+        if num.matmul == "fp8":  # the input and the weight quantized first
+            ops = [*quantize_ops(f"{self.name}.x", n * self.rows * self.in_features, num),
+                   *quantize_ops(f"{self.name}.w", self.in_features * self.out_features, num),
+                   *ops]
+        return self._tag(ops)
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(n * self.rows, self.in_features, self.out_features,
                            row_lengths=self._rows)
-        return self._tag([gemm_op(f"{self.name}.dgrad", shape, num.matmul, num.act_bytes)])
+        ops = [gemm_op(f"{self.name}.dgrad", shape, num.matmul, num.act_bytes)]
+        if num.matmul == "fp8":  # the output gradient quantized first (both layouts)
+            ops = [*quantize_ops(f"{self.name}.dy", n * self.rows * self.out_features, num),
+                   *ops]
+        return self._tag(ops)
 
     def backward_weight(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(self.out_features, self.in_features, n * self.rows,

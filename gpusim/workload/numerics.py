@@ -28,6 +28,8 @@ class Numerics:
     # The type attention's softmax keeps its probabilities in ("": the activation type;
     # autocast runs softmax in fp32).
     softmax: str = ""
+    # How fp8 linear layers find their scales and make their second layout (workload/fp8.py).
+    fp8_recipe: str = "tensorwise"
 
     @property
     def act_bytes(self) -> int:
