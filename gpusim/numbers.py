@@ -83,3 +83,11 @@ def finite_or_none(value: Any) -> Any:
 def dumps(value: Any, **kwargs: Any) -> str:
     """JSON text that is valid JSON: no NaN or Infinity (they become null)."""
     return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
+
+
+def count_list(text: str) -> tuple[int, ...]:
+    """Comma-separated counts, e.g. ``7,8,8,7``."""
+    items = text.split(",")
+    if not text.strip() or any(not item.strip() for item in items):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of counts like 7,8,8,7")
+    return tuple(count(item.strip()) for item in items)

@@ -14,7 +14,7 @@ import pytest
 from gpusim.cli import main
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.errors import InvalidConfig, OutOfMemory
-from gpusim.estimate import estimate, simulate_parallel_step
+from gpusim.estimate import build_job, estimate, simulate_parallel_step
 from gpusim.explore.search import candidates, search
 from gpusim.hardware.catalog import load_gpu, load_system
 from gpusim.plan.parallel import plan_parallel, stage_memory, tied_embedding_params
@@ -427,3 +427,35 @@ def test_one_gpu_and_data_parallel_gpus_cost_a_replica_alike(model: str, precisi
         assert 0.99 * one.step_time_s <= many.step_time_s <= 1.05 * one.step_time_s
         assert many.breakdown_s["host_dispatch"] == pytest.approx(
             one.breakdown_s["host_dispatch"], rel=0.25, abs=0.02 * one.step_time_s)
+
+
+def test_uneven_pipeline_stages() -> None:
+    """--pp-layers: stages of different block counts (fewer on the first and last), checked
+    against the model, with the slowest stage setting the pace."""
+    from gpusim.plan.parallel_job import uneven_split
+
+    assert uneven_split(126, 16) == "7," + "8," * 14 + "7"
+    assert uneven_split(80, 12) == "6,6," + "7," * 8 + "6,6"
+    base = {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 64, "precision": "bf16",
+            "num_gpus": 8, "pp": 4, "seq_len": 2048, "microbatch_size": 1}
+    even = estimate(**base).step.step_time_s
+    same = estimate(**base, pp_layers=(8, 8, 8, 8)).step.step_time_s
+    lighter_last = estimate(**base, pp_layers=(9, 9, 8, 6)).step.step_time_s
+    lopsided = estimate(**base, pp_layers=(5, 13, 7, 7)).step.step_time_s
+    assert same == pytest.approx(even)
+    # The last stage also holds the 128K-word head (about 2.4 blocks' worth): two blocks
+    # fewer there balances the pipeline; a 13-block stage sets a slower pace.
+    assert lighter_last < 0.9 * even
+    assert lopsided > 1.1 * even
+    job, _ = build_job(**{**base, "pp_layers": (7, 9, 8, 8)})
+    chunks = plan_parallel(job).stages
+    blocks = [len({la.block for la in st.chunks[0].layers if la.block.startswith("h.")})
+              for st in chunks]
+    assert blocks == [7, 9, 8, 8]
+    with pytest.raises(InvalidConfig, match="adds up to 31 blocks; llama3-8b has 32"):
+        estimate(**base, pp_layers=(7, 8, 8, 8))
+    with pytest.raises(InvalidConfig, match="gives 2 stages but --pp is 4"):
+        estimate(**base, pp_layers=(16, 16))
+    thirty = build_transformer(TransformerConfig(name="t30", layers=30, hidden=256, heads=4))
+    with pytest.raises(InvalidConfig, match="give each stage's blocks: --pp-layers 7,8,8,7"):
+        build_job(thirty, "h100-sxm", 8, num_gpus=4, pp=4)

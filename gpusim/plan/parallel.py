@@ -217,9 +217,11 @@ def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
     lead, body, tail = job.model.partition()
     count = p.pipeline * p.virtual_stages
     per = len(body) // count if count > 1 else len(body)
+    sizes = list(p.stage_blocks) or [per] * count
+    starts = [sum(sizes[:c]) for c in range(count)]
     chunks: list[list[Layer]] = []
     for c in range(count):
-        blocks = body[c * per:(c + 1) * per] if count > 1 else body
+        blocks = body[starts[c]:starts[c] + sizes[c]] if count > 1 else body
         chunks.append([layer for block in blocks for layer in block])
     chunks[0] = lead + chunks[0]
     if p.pipeline > 1:

@@ -51,6 +51,9 @@ class ParallelConfig:
     zero: int = 0
     sequence_parallel: bool = False
     overlap_grad_reduce: bool = True
+    # Blocks on each pipeline stage, first to last (empty: the same on every stage). Frameworks
+    # put fewer on the first and last stages, which also hold the embedding and the head.
+    stage_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("tensor", "pipeline", "data", "microbatch_size", "virtual_stages"):
@@ -62,6 +65,16 @@ class ParallelConfig:
                                 f"{', '.join(SCHEDULES)}")
         if self.zero not in ZERO_STAGES:
             raise InvalidConfig(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero})")
+        if self.stage_blocks:
+            if len(self.stage_blocks) != self.pipeline:
+                raise InvalidConfig(f"--pp-layers gives {len(self.stage_blocks)} stages but "
+                                    f"--pp is {self.pipeline}; give one count per stage")
+            if min(self.stage_blocks) < 1:
+                raise InvalidConfig("every pipeline stage needs at least one block "
+                                    "(--pp-layers)")
+            if self.virtual_stages > 1:
+                raise InvalidConfig("--pp-layers gives whole stages; it does not combine with "
+                                    "--virtual-stages")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise InvalidConfig("--virtual-stages applies to --schedule interleaved only")
         if self.schedule == "interleaved" and self.pipeline == 1:
@@ -249,9 +262,32 @@ def _check_splits(model: Model, p: ParallelConfig) -> None:
                                     f"split over nor replicate across TP {p.tensor}")
             break
     body = len(model.partition()[1])
+    if p.stage_blocks:
+        if sum(p.stage_blocks) != body:
+            raise InvalidConfig(f"--pp-layers {','.join(map(str, p.stage_blocks))} adds up to "
+                                f"{sum(p.stage_blocks)} blocks; {model.name} has {body}")
+        return
     chunks = p.pipeline * p.virtual_stages
     if body % chunks:
         what = f"PP {p.pipeline}" + (f" x {p.virtual_stages} virtual stages"
                                      if p.virtual_stages > 1 else "")
+        hint = ""
+        if p.virtual_stages == 1 and body >= p.pipeline:
+            hint = f", or give each stage's blocks: --pp-layers {uneven_split(body, p.pipeline)}"
         raise InvalidConfig(f"{model.name}'s {body} blocks do not split evenly over {what}; "
-                            f"pick a pipeline size that divides {body}")
+                            f"pick a pipeline size that divides {body}{hint}")
+
+
+def uneven_split(blocks: int, stages: int) -> str:
+    """Blocks per stage as evenly as they go, the remainder taken off the first and last
+    stages (which also hold the embedding and the head)."""
+    base, extra = divmod(blocks, stages)
+    counts = [base] * stages
+    if extra:
+        counts = [base + 1] * stages
+        short = stages - extra  # stages that hold one block fewer, outermost first
+        order = [i for pair in zip(range(stages), reversed(range(stages)), strict=True)
+                 for i in pair]
+        for i in list(dict.fromkeys(order))[:short]:
+            counts[i] -= 1
+    return ",".join(map(str, counts))
