@@ -3,12 +3,17 @@ steps pay, found in a profile and fitted on micro data (measurements/README.md).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from gpusim.cost.kernels import kernel_cost
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_device, load_gpu
 from gpusim.hardware.profile import DeviceProfile
+from gpusim.measure import results
 from gpusim.plan.autocast import layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import lower
@@ -109,3 +114,50 @@ def test_validation_tells_device_bound_from_host_bound_cases(device: str) -> Non
     assert not by_id["llama-blocks/s2048/bf16/b2"].host_bound
     split = report.to_dict()
     assert split["device_bound"]["cases"] + split["host_bound"]["cases"] == len(report.rows)
+
+
+def test_a_linear_layers_products_carry_their_layouts(h100: DeviceProfile) -> None:
+    """Forward x W^T (nt), input gradient dy W (nn), weight gradient dy^T x (tn): a fitted
+    layout factor slows exactly the products stored that way."""
+    layer = Linear("up", 4096, 14336, 4096, bias=False)
+    num = Numerics("bf16", "bf16", "bf16")
+    fwd, dgrad, wgrad = (*layer.forward(1, num), *layer.backward_input(1, num),
+                         *layer.backward_weight(1, num))
+    assert [op.gemm.layout for op in (fwd, dgrad, wgrad) if op.gemm] == ["nt", "nn", "tn"]
+    cal = calibration_for(h100)
+    slow = cal.model_copy(update={"gemm": _replace_gemm(cal, {"tn": 0.5})})
+    for op in (fwd, dgrad):
+        assert kernel_cost(op, h100, slow).seconds == kernel_cost(op, h100, cal).seconds
+    assert kernel_cost(wgrad, h100, slow).compute_s == pytest.approx(
+        2 * kernel_cost(wgrad, h100, cal).compute_s)
+
+
+def _replace_gemm(cal: Any, factors: dict[str, float]) -> Any:
+    return cal.gemm.model_copy(update={"layout_factors": factors})
+
+
+def test_calibration_fits_layout_factors_on_linear_cases(tmp_path: Path) -> None:
+    """Linear cases whose backward runs 25% slower than the row-major GEMMs predict: the
+    fit finds the weight gradient's (tn) layout slower and leaves the forward's (nt)."""
+    from gpusim.calibrate import fit
+    from gpusim.calibrate.micro_ops import predict
+
+    h100 = load_device("h100-sxm")
+    source = json.loads((results.measurements_dir() / "h100-sxm" / "micro.json").read_text())
+    gemms = [c for c in source["cases"] if c["kind"] in ("gemm", "launch", "dispatch")
+             and "median_s" in c and c.get("precision") in (None, "bf16")]
+    cal = calibration_for(h100)
+    linear = []
+    for tokens, i, o in ((16384, 4096, 14336), (16384, 14336, 4096), (16384, 4096, 6144)):
+        for phase, scale in (("forward", 1.0), ("backward", 1.25)):
+            case = {"id": f"linear/bf16/{tokens}x{i}x{o}/{phase}", "kind": "linear",
+                    "precision": "bf16", "tokens": tokens, "in_features": i,
+                    "out_features": o, "pass": phase, "p10_s": 0, "p90_s": 0,
+                    "repeats": 30, "inner": 1}
+            case["median_s"] = scale * predict(case, h100, cal)
+            case["p10_s"] = case["p90_s"] = case["median_s"]
+            linear.append(case)
+    path = tmp_path / "micro.json"
+    path.write_text(json.dumps({**source, "cases": gemms + linear}))
+    fitted = fit.fit([path]).calibration.gemm.layout_factors
+    assert fitted["nt"] > 0.9 and fitted["tn"] < 0.75

@@ -184,6 +184,11 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
         ("misaligned", misaligned,
          [(("gemm", "misaligned_factor", str(p)), "factor")
           for p in sorted({c["precision"] for c in misaligned})]),
+        # A linear layer's products in the layouts training uses, relative to the row-major
+        # products above: forward (nt) and the weight gradient (tn).
+        ("gemm layouts", of(lambda c: c["kind"] == "linear" and device.is_gpu),
+         [(("gemm", "layout_factors", "nt"), "factor"),
+          (("gemm", "layout_factors", "tn"), "factor")]),
         ("conv", conv, [(("gemm", "conv_factors", m), "factor") for m in conv_math]
          + ([(("overhead", "cudnn_us"), "us")] if device.is_gpu else [])),
         ("batch norm", of(lambda c: c["kind"] == "batch_norm"),

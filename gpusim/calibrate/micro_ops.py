@@ -32,6 +32,7 @@ from gpusim.workload.formats import model_from_spec
 from gpusim.workload.layers import (
     Conv2d,
     Elementwise,
+    Linear,
     batch_norm,
     gelu,
     layer_norm,
@@ -84,6 +85,13 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         if case["pass"] == "forward":
             return layer.forward(n, num)
         return layer.backward_input(n, num) + layer.backward_weight(n, num)
+    if kind == "linear":
+        num = numerics(case["precision"], device)
+        linear = Linear(case["id"], case["in_features"], case["out_features"], case["tokens"],
+                        bias=False)
+        if case["pass"] == "forward":
+            return linear.forward(1, num)
+        return linear.backward_input(1, num) + linear.backward_weight(1, num)
     if kind in ("attention", "sdpa"):
         num = numerics(case["precision"], device)
         att = Attention(case["id"], case["heads"], case["head_dim"], case["seq"],

@@ -82,6 +82,8 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
             eff *= quantization_efficiency(op.gemm, device, cal)
             if op.kind == "gemm" and not op.gemm.aligned(DTYPE_BYTES.get(op.math, 4)):
                 eff *= cal.gemm.misaligned_factor.get(op.math, 1.0)
+            if op.kind == "gemm" and op.gemm.layout != "nn":
+                eff *= cal.gemm.layout_factors.get(op.gemm.layout, 1.0)  # type: ignore[call-overload]
         compute_s = op.flops / (peak * eff)
         ramp = units.us(cal.gemm.ramp_us)
     bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"

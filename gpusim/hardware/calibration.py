@@ -54,6 +54,12 @@ class GemmCalibration(Frozen):
         None, description="fused attention's backward relative to GEMM (none: "
                           "attention_factor); its five products and the recomputed softmax "
                           "reach less of the peak than the forward's two")
+    layout_factors: dict[Literal["nt", "tn"], Fraction] = Field(
+        default_factory=dict,
+        description="a matrix product's efficiency by operand layout, relative to the "
+                    "row-major products (nn) max_efficiency is fitted on: a linear layer's "
+                    "forward (nt) and weight gradient (tn), fitted on the micro suite's "
+                    "linear cases; none given: 1")
     attention_kernels: dict[str, dict[Literal["forward", "backward"], Fraction]] = Field(
         default_factory=dict,
         description="per named attention kernel (flash2, cudnn, efficient, ...), its forward "

@@ -263,3 +263,29 @@ def time_host_step(spec: dict[str, Any], precision: str, device: torch.device,
                       ranked[min(len(ranked) - 1, (9 * len(ranked)) // 10)], repeats, 1)
 
     return {phase: timing(values) for phase, values in samples.items()}
+
+
+def linear_shapes(tokens: int) -> list[tuple[int, int, int]]:
+    """(tokens, in, out) of transformer projections: Llama-3 8B's and 70B's q/k/v, output,
+    gate/up and down, at ``tokens`` tokens."""
+    return [(tokens, i, o) for i, o in ((4096, 6144), (4096, 4096), (4096, 28672),
+                                        (14336, 4096), (8192, 10240), (8192, 57344),
+                                        (28672, 8192), (2048, 2048))]
+
+
+def time_linear(tokens: int, in_features: int, out_features: int, device: torch.device,
+                repeats: int, cache_bytes: float) -> dict[str, Timing]:
+    """A bf16 linear layer as training runs it: the forward product x W^T, and backward's
+    input gradient dy W and weight gradient dy^T x (the three layouts cuBLAS meets)."""
+    weight = torch.randn(out_features, in_features, device=device, dtype=torch.bfloat16,
+                         requires_grad=True)
+    sets = rotated(lambda: torch.randn(tokens, in_features, device=device,
+                                       dtype=torch.bfloat16, requires_grad=True),
+                   2 * tokens * (in_features + out_features), cache_bytes)
+    turn = {"i": 0}
+
+    def forward() -> Any:
+        turn["i"] = (turn["i"] + 1) % len(sets)
+        return F.linear(sets[turn["i"]], weight)
+
+    return time_forward_backward(forward, [weight, *sets], device, repeats)

@@ -118,6 +118,7 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                     "bytes": size, "dtype": "fp32"},
                    lambda r, o=op, s=size: micro.time_elementwise(o, s, device, r, cache))
     yield from _row_kernel_cases(device, quick, lim.max_bytes / 4, cache)
+    yield from _linear_cases(device, quick, lim.max_gemm_flops, cache)
     yield from _layer_host_cases(device, quick)
     yield from _host_step_cases(device, quick)
     yield from _adamw_cases(device, quick)
@@ -132,6 +133,21 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                             "pinned": pinned, "bytes": size},
                            lambda r, d=direction, p=pinned, s=size:
                            micro.time_host_copy(s, d, p, device, r))
+
+
+def _linear_cases(device: torch.device, quick: bool, max_flops: float, cache: float
+                  ) -> Iterator[tuple[dict[str, Any], Callable[[int], dict[str, Timing]]]]:
+    """bf16 linear layers, forward and backward: the products in the layouts training
+    uses (forward nt, input gradient nn, weight gradient tn)."""
+    tokens = (4096, 16384) if device.type == "cuda" else (256,)
+    for t in tokens:
+        for rows, i, o in micro_layers.linear_shapes(t)[: 2 if quick else None]:
+            if 6.0 * rows * i * o > max_flops * 3:
+                continue
+            yield ({"id": f"linear/bf16/{rows}x{i}x{o}", "kind": "linear", "precision": "bf16",
+                    "tokens": rows, "in_features": i, "out_features": o},
+                   lambda r, m=rows, a=i, b=o: micro_layers.time_linear(m, a, b, device, r,
+                                                                        cache))
 
 
 def _layer_host_cases(device: torch.device, quick: bool) -> Iterator[

@@ -117,7 +117,7 @@ class Linear(Layer):
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(n * self.rows, self.out_features, self.in_features,
-                           row_lengths=self._rows)
+                           row_lengths=self._rows, layout="nt")
         ops = [gemm_op(f"{self.name}.fwd", shape, num.matmul, num.act_bytes)]
         if num.matmul == "fp8":  # the input and the weight quantized first
             ops = [*quantize_ops(f"{self.name}.x", n * self.rows * self.in_features, num),
@@ -136,7 +136,7 @@ class Linear(Layer):
 
     def backward_weight(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(self.out_features, self.in_features, n * self.rows,
-                           row_lengths=self._rows)
+                           row_lengths=self._rows, layout="tn")
         return self._tag([gemm_op(f"{self.name}.wgrad", shape, num.matmul, num.act_bytes)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:

@@ -51,6 +51,10 @@ class GemmShape:
     k: int
     batch: int = 1
     row_lengths: tuple[int, ...] = ()
+    # How the operands are stored, as BLAS names it: nn (A @ B, both row-major, as torch.mm
+    # and the micro suite's GEMMs), nt (A @ B^T: a linear layer's forward), tn (A^T @ B: its
+    # weight gradient). cuBLAS picks different kernels for each.
+    layout: str = "nn"
 
     def aligned(self, element_bytes: float, align_bytes: int = ALIGN_BYTES) -> bool:
         """Whether every stored row starts on an ``align_bytes`` boundary, as the fastest

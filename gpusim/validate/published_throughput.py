@@ -1,0 +1,158 @@
+"""Published, measured training throughputs of LLMs (published/throughput.yaml), predicted.
+
+Each case is written as the run was configured: its model's dimensions, GPUs, batch,
+sequence, FSDP/TP/PP split, recompute mode, precision and FP8 recipe, and the framework's
+stack. What gpusim does not model is said per case and the case is either skipped (context
+parallelism, hybrid sharding) or predicted as the nearest thing it models and flagged
+(torch.compile runs are predicted eager). Validation only: nothing here is fitted.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpusim.data import data_dir
+from gpusim.errors import GpusimError
+from gpusim.estimate import estimate
+from gpusim.explore.values import with_fields
+from gpusim.hardware.catalog import load_gpu
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.plan.parallel_job import uneven_split
+from gpusim.workload.model import Model
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+
+CASES_FILE = data_dir("published") / "throughput.yaml"
+RECOMPUTE = {"selective-op": "per-op", "full": "full", "none": "none"}
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    id: str
+    measured: float  # tokens/s per GPU
+    predicted: float | None
+    flags: tuple[str, ...]  # what the prediction leaves out (torch.compile, ...)
+    skipped: str = ""
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted is None else self.predicted / self.measured - 1
+
+
+def load_cases(path: Path = CASES_FILE) -> list[dict[str, Any]]:
+    data = yaml.safe_load(path.read_text())
+    cases: list[dict[str, Any]] = data["cases"] if isinstance(data, dict) else data
+    return cases
+
+
+def _gpu(text: str) -> DeviceProfile:
+    low = text.lower()
+    if "h200" in low:
+        return load_gpu("h200")
+    if "a100" in low:
+        return load_gpu("a100-80gb")
+    gpu = load_gpu("h100-sxm")
+    if "96gb" in low:  # Meta's Grand Teton H100s carry 96 GB of HBM2e
+        return with_fields(gpu, {"memory_gib": 96.0})
+    return gpu
+
+
+def _model(m: dict[str, Any], seq: int) -> Model:
+    gated = bool(m.get("gated_mlp"))
+    norm = "rmsnorm" if "rms" in str(m.get("norm", "")) else "layernorm"
+    cfg = TransformerConfig(
+        name=str(m["name"]), layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
+        kv_heads=m.get("kv_heads"), ffn_hidden=m.get("ffn_hidden"), vocab=m["vocab"],
+        seq_len=seq, norm=norm, activation="swiglu" if gated else "gelu",
+        positions="rotary" if gated else "learned", max_positions=None if gated else seq,
+        tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated)
+    return build_transformer(cfg)
+
+
+def _stack(case: dict[str, Any]) -> str:
+    source = str(case["source"]["url_or_repo_path"])
+    if "torchtitan" in source:
+        return "torchtitan-2024"
+    if "Megatron" in source:
+        return "megatron"
+    return "pytorch"
+
+
+def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
+    """(estimate keywords, what the prediction leaves out, why it cannot run or '')."""
+    t, p = case["training"], case["training"]["parallelism"]
+    if int(p.get("cp", 1)) > 1:
+        return {}, (), "context parallelism is not modelled yet"
+    if int(p.get("dp_shard", 1)) > 1 and int(p.get("dp_replicate", 1)) > 1:
+        return {}, (), "hybrid sharding (HSDP) is not modelled yet"
+    gpus = int(case["hardware"]["num_gpus"])
+    seq = int(t["seq_len"])
+    tp, pp, vp = int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("vp", 1))
+    dp = gpus // (tp * pp)
+    micro = int(t["local_batch_size"])
+    batch = int(t.get("global_batch_size") or micro * dp * int(t.get("grad_accum", 1)))
+    precision = "fp8" if str(t["precision"]).startswith("fp8") else "bf16"
+    flags = []
+    if t.get("torch_compile"):
+        flags.append("torch.compile (predicted eager)")
+    if "async" in case["id"].lower() and "asynctp" in case["id"].lower() and "bf16" not in \
+            case["id"] and "fp8" not in case["id"]:
+        flags.append("async TP")
+    stack = _stack(case)
+    kwargs: dict[str, Any] = {
+        "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
+        "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
+        "tp": tp, "pp": pp, "microbatch_size": micro, "optimizer": "adamw",
+        "checkpointing": RECOMPUTE.get(str(t.get("activation_checkpointing", "none")), "none"),
+        "stack": stack, "fp8_recipe": "tensorwise",
+        "zero": 3 if int(p.get("dp_shard", 1)) > 1 else 1,
+    }
+    if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
+        kwargs["sequence_parallel"] = True
+    if pp > 1 and kwargs["zero"] == 3:
+        kwargs["zero"] = 1
+        flags.append("FSDP with PP predicted as ZeRO-1")
+    if pp > 1 and stack != "megatron":
+        # The microbatch count is not published: one sequence each, the local batch over PP.
+        kwargs["microbatch_size"] = 1
+        flags.append("microbatch 1 assumed")
+        blocks = int(case["model"]["layers"])
+        if blocks % pp:
+            kwargs["pp_layers"] = tuple(int(b) for b in uneven_split(blocks, pp).split(","))
+            flags.append("stage split assumed")
+    if stack == "megatron":
+        kwargs.update(zero=1)
+        if vp > 1:
+            kwargs.update(schedule="interleaved", virtual_stages=vp)
+    if stack == "pytorch" and "triton" in str(t.get("other", "")):
+        kwargs["attention"] = "flash2"  # llm-foundry's triton FlashAttention
+    if pp > 1 and "interleaved" in case["id"]:
+        kwargs.update(schedule="interleaved", virtual_stages=2)
+        flags.append("interleaved stages assumed 2 per GPU")
+    return kwargs, tuple(flags), ""
+
+
+def predict_case(case: dict[str, Any]) -> ThroughputRow:
+    measured = float(case["measured"]["value"])
+    kwargs, flags, skipped = job_of(case)
+    if skipped:
+        return ThroughputRow(case["id"], measured, None, flags, skipped)
+    try:
+        result = estimate(**kwargs)
+    except GpusimError as exc:
+        return ThroughputRow(case["id"], measured, None, flags, exc.summary)
+    per_gpu = (result.step.tokens_per_s or 0.0) / kwargs["num_gpus"]
+    return ThroughputRow(case["id"], measured, per_gpu, flags)
+
+
+def summary(rows: list[ThroughputRow]) -> dict[str, float]:
+    """Mean absolute and mean signed error of the rows predicted without a flag (eager)."""
+    plain = [r.error for r in rows if r.error is not None and not r.flags]
+    if not plain:
+        return {"cases": 0}
+    return {"cases": len(plain), "mape": statistics.fmean(abs(e) for e in plain),
+            "mean_signed": statistics.fmean(plain), "max": max(plain, key=abs)}
