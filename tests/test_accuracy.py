@@ -77,3 +77,14 @@ def test_repeat_runs_are_found_and_their_spread_reported() -> None:
     assert spread["device_bound"]["median"] < 0.03
     assert spread["host_bound"]["median"] > spread["device_bound"]["median"]
     assert len(validate_all(device="h100-sxm")) == 1  # by default, models.json alone
+
+
+def test_layer_errors_are_summarised_by_kind() -> None:
+    """Where the GPU model is off, by kind of work: the device-bound cases' layer rows per
+    (kind, phase), time-weighted, in the report and its JSON."""
+    report = validate_file(results.measurements_dir() / "h100-sxm" / "models.json")
+    kinds = report.layer_kind_errors()
+    assert ("linear", "backward") in kinds and ("linear", "forward") in kinds
+    rows, error, _ = kinds[("linear", "backward")]
+    assert rows > 100 and -0.5 < error < 0.5
+    assert report.to_dict()["layer_kinds"]

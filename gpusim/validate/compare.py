@@ -23,7 +23,7 @@ from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
 from gpusim.plan.job import TrainingJob
-from gpusim.plan.lower import Kernel, lower
+from gpusim.plan.lower import Kernel, layer_kind, lower
 from gpusim.workload.formats import model_from_spec
 
 # A predicted step in which the device waits on the host for more than this is host-bound.
@@ -36,6 +36,7 @@ class LayerRow:
     phase: str  # forward or backward
     predicted_s: float
     measured_s: float
+    kind: str = ""  # the layer's kind (linear, attention, rms_norm, ...)
 
     @property
     def error(self) -> float:
@@ -111,6 +112,21 @@ class DeviceReport:
     def layer_stats(self) -> dict[str, float]:
         return _stats([lay.error for r in self.rows for lay in r.layers])
 
+    def layer_kind_errors(self) -> dict[tuple[str, str], tuple[int, float, float]]:
+        """Per (layer kind, phase), over the device-bound cases' layers: how many rows,
+        predicted over measured time summed over them minus one, and the seconds the two
+        sums differ by (where the GPU model is off, by kind of work)."""
+        sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        for row in self.rows:
+            if row.host_bound:
+                continue
+            for lay in row.layers:
+                entry = sums[(lay.kind, lay.phase)]
+                entry[0] += 1
+                entry[1] += lay.predicted_s
+                entry[2] += lay.measured_s
+        return {key: (int(n), p / m - 1, p - m) for key, (n, p, m) in sums.items() if m > 0}
+
     @property
     def memory_stats(self) -> dict[str, float]:
         return _stats([e for r in self.rows if (e := r.memory_error) is not None])
@@ -132,6 +148,8 @@ class DeviceReport:
             "worst_error": worst.error if worst else None,
             "layer_rows": sum(len(r.layers) for r in self.rows),
             "layer": self.layer_stats, "peak_memory": self.memory_stats,
+            "layer_kinds": [{"kind": k, "phase": ph, "rows": n, "error": e, "gap_s": g}
+                            for (k, ph), (n, e, g) in sorted(self.layer_kind_errors().items())],
             "ranking_agreement": ranking_agreement(
                 [(r.predicted_s, r.measured_s) for r in self.rows]),
             "skipped": self.skipped,
@@ -172,6 +190,7 @@ def layer_seconds(host: float, device: float, on_gpu: bool) -> float:
 def _layer_rows(job: TrainingJob, case: dict[str, Any],
                 cal: Calibration | None) -> list[LayerRow]:
     times = isolated_layer_times(job, cal)
+    kinds = {layer.name: layer_kind(layer) for layer in job.model.layers}
     rows = []
     for measured in case.get("layers", []):
         for phase in ("forward", "backward"):
@@ -179,7 +198,8 @@ def _layer_rows(job: TrainingJob, case: dict[str, Any],
                 host, device = times[(measured["layer"], phase)]
                 rows.append(LayerRow(measured["layer"], phase,
                                      layer_seconds(host, device, job.device.is_gpu),
-                                     measured[phase]["median_s"]))
+                                     measured[phase]["median_s"],
+                                     kinds.get(measured["layer"], "")))
     return rows
 
 

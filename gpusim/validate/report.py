@@ -44,6 +44,11 @@ def format_reports(reports: list[DeviceReport], verbose: bool = False) -> str:
         layer = d["layer"]
         lines.append(f"  per layer ({d['layer_rows']} forward/backward rows): MAPE "
                      f"{_abs_pct(layer['mape'])}, p90 {_abs_pct(layer['p90_abs_error'])}")
+        kinds = sorted(rep.layer_kind_errors().items(), key=lambda kv: -abs(kv[1][2]))
+        if kinds:
+            worst = ", ".join(f"{kind} {phase} {_pct(err)} ({n} rows)"
+                              for (kind, phase), (n, err, _) in kinds[:4])
+            lines.append(f"    by kind, the largest gaps in time (device-bound cases): {worst}")
         mem = d["peak_memory"]
         lines.append("  peak memory: " + ("not measured (CPU)" if math.isnan(mem["mape"])
                                           else f"MAPE {_abs_pct(mem['mape'])}, max "
