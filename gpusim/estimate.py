@@ -145,6 +145,11 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
     )
 
 
+# Passes --per-rank simulates in about a minute on a small machine (16,384 GPUs, 65,536
+# passes, took 76 s on two cores); beyond, the request is refused up front.
+PER_RANK_PASSES = 50_000
+
+
 def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = None, *,
                            trace: bool = True, per_rank: bool = False,
                            straggler: Straggler | None = None,
@@ -155,6 +160,15 @@ def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = N
     plan = plan_parallel(job, calibration)
     mems = [stage_memory(plan, stage) for stage in plan.stages]
     check_fits_parallel(job, mems)
+    if per_rank:
+        p = job.parallel
+        passes = 2 * p.data * p.pipeline * p.virtual_stages * plan.microbatches
+        if passes > PER_RANK_PASSES:
+            raise InvalidConfig(
+                f"--per-rank would simulate {passes:,} passes (every replica's every "
+                f"microbatch), more than the {PER_RANK_PASSES:,} it runs (about a minute); "
+                f"leave out --per-rank (one replica per stage stands for all, exactly so when "
+                f"no rank is slower), or use fewer GPUs")
     sim = simulate_pipeline(plan, trace=trace, per_rank=per_rank, straggler=straggler,
                             comm_slowdown=comm_slowdown)
     worst = max(mems, key=lambda m: m.peak_bytes)
