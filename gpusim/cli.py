@@ -180,6 +180,9 @@ def _parser() -> argparse.ArgumentParser:
                        description="Predict one training run on one GPU or CPU.")
     many = _add_job_flags(e)
     cli_explore.add_run_length_flags(e)
+    e.add_argument("--usd-per-gpu-hour", type=numbers.nonnegative, metavar="USD",
+                   help="price the run at this rate per GPU-hour (default: the profile's "
+                        "cheapest listed on-demand price, named in the output)")
     many.add_argument("--per-rank", action="store_true",
                       help="simulate every data-parallel replica, not one per stage")
     many.add_argument("--straggler", metavar="RANK:FACTOR",
@@ -316,7 +319,7 @@ def _estimate(args: argparse.Namespace) -> int:
     result = estimate(
         **options, epochs=args.epochs, dataset_size=args.dataset_size, tokens=args.tokens,
         steps=args.steps, per_rank=args.per_rank, straggler=_straggler(args),
-        comm_slowdown=args.comm_slowdown,
+        comm_slowdown=args.comm_slowdown, usd_per_gpu_hour=args.usd_per_gpu_hour,
     )
     if args.roofline and result.step.parallel is not None:
         raise InvalidConfig("--roofline draws the kernels of a single-device job; leave out "

@@ -377,6 +377,7 @@ def estimate(
     overlap_grad_reduce: bool = True,
     per_rank: bool = False,
     straggler: Straggler | None = None,
+    usd_per_gpu_hour: float | None = None,
     comm_slowdown: float = 0.0,
     max_batch: bool = False,
     pure_bf16: bool = False,
@@ -397,6 +398,8 @@ def estimate(
     ``dataset_size``; with none, one step is estimated. ``per_rank`` and ``straggler`` (one
     slow GPU or link) and ``comm_slowdown`` apply to multi-GPU jobs. ``max_batch`` runs
     the largest microbatch that fits and divides the batch (see ``build_job``).
+    ``usd_per_gpu_hour`` prices the run at your rate instead of the profile's cheapest
+    listed cloud price.
     """
     if steps is None and tokens is None and epochs is None:
         steps = 1
@@ -449,6 +452,13 @@ def estimate(
     cal = calibration_for(device)
     power = average_power_w(device, cal, step.active_fraction)
     quote = device.cloud_price_usd_per_hour()
+    price, price_source = ((quote.usd_per_hour, f"{quote.provider}, {quote.date}") if quote
+                           else (None, None))
+    if usd_per_gpu_hour is not None:
+        if not (usd_per_gpu_hour >= 0 and usd_per_gpu_hour < float("inf")):
+            raise InvalidConfig(f"a price per GPU-hour must be a finite amount of at least 0, "
+                                f"not {usd_per_gpu_hour}")
+        price, price_source = usd_per_gpu_hour, "your rate, --usd-per-gpu-hour"
     return TrainingEstimate(
         model=job.model.name,
         device=device.name,
@@ -457,8 +467,8 @@ def estimate(
         precision=precision,
         step=step,
         steps=n_steps,
-        price_usd_per_hour=quote.usd_per_hour if quote else None,
-        price_source=f"{quote.provider}, {quote.date}" if quote else None,
+        price_usd_per_hour=price,
+        price_source=price_source,
         average_power_w=power,
         device_is_gpu=device.is_gpu,
         calibration=f"{cal.name} ({cal.status})",

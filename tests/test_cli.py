@@ -261,3 +261,14 @@ def test_a_cpu_run_counts_cpu_hours(capsys: pytest.CaptureFixture[str]) -> None:
                  "64", "--steps", "10"]) == 0
     out = capsys.readouterr().out
     assert "CPU-hours" in out and "GPU-hours" not in out
+
+
+def test_a_run_is_priced_at_the_users_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "--model", "gpt2", "--gpu", "h100-sxm", "--batch-size", "8",
+            "--precision", "bf16", "--steps", "1000", "--json"]
+    assert main(argv) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--usd-per-gpu-hour", "1.00"]) == 0
+    mine = json.loads(capsys.readouterr().out)
+    assert mine["price_usd_per_hour"] == 1.0 and "--usd-per-gpu-hour" in mine["price_source"]
+    assert mine["cost_usd"] == pytest.approx(listed["cost_usd"] / listed["price_usd_per_hour"])
