@@ -1,4 +1,4 @@
-"""The README's examples run: every `gpusim estimate` and `gpusim memory` command in its code
+"""The README's examples run: every `gpusim estimate`, `memory` and `kernel` command in its code
 blocks exits 0 in a scratch folder, and its Python snippet runs (issue 18: two examples used
 to end out of memory)."""
 
@@ -24,7 +24,8 @@ def _commands() -> list[list[str]]:
     for block in _blocks("bash"):
         for line in block.replace("\\\n", " ").splitlines():
             argv = shlex.split(line, comments=True)
-            if argv[:2] in (["gpusim", "estimate"], ["gpusim", "memory"]) and "..." not in argv:
+            if argv[:2] in (["gpusim", "estimate"], ["gpusim", "memory"],
+                            ["gpusim", "kernel"]) and "..." not in argv:
                 commands.append(argv[1:])
     return commands
 
