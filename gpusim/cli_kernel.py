@@ -78,7 +78,7 @@ def run_kernel(args: argparse.Namespace) -> int:
     print(f"  bound            {result.bound:>12}  at {result.efficiency:.1%} of {peak}")
     if result.measured_s is not None and result.error is not None:
         print(f"  measured         {units.human_seconds(result.measured_s):>12}  "
-              f"({result.measured_in}); error {result.error:+.1%}")
+              f"({result.measured_in}); the prediction is {result.error:+.1%} off it")
     else:
         print("  measured         none for this case on this device")
     return 0
