@@ -99,9 +99,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     flags = []
     if t.get("torch_compile"):
         flags.append("torch.compile (predicted eager)")
-    if "async" in case["id"].lower() and "asynctp" in case["id"].lower() and "bf16" not in \
-            case["id"] and "fp8" not in case["id"]:
-        flags.append("async TP")
+    if "async tp on" in str(t.get("other", "")).lower():
+        flags.append("async TP (not modelled)")
     stack = _stack(case)
     kwargs: dict[str, Any] = {
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
