@@ -137,6 +137,9 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     many.add_argument("--pp-layers", type=numbers.count_list, metavar="N,N,...",
                       help="blocks on each pipeline stage, first to last (default: the same on "
                            "every stage), e.g. 7,8,8,7 for 30 blocks over --pp 4")
+    many.add_argument("--shard-group", type=numbers.count, metavar="N",
+                      help="with --zero 3: hybrid sharding (HSDP), FSDP inside groups of N "
+                           "data-parallel ranks (a node, say) and replicas across the groups")
     many.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES,
                       help="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also "
                            "weights (FSDP full sharding)")
@@ -300,7 +303,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "loader_workers": args.loader_workers, "num_gpus": num_gpus, "system": args.system,
         "tp": args.tp, "pp": args.pp, "dp": args.dp, "microbatch_size": args.microbatch_size,
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
-        "pp_layers": args.pp_layers or (),
+        "pp_layers": args.pp_layers or (), "shard_group": args.shard_group or 0,
         "sequence_parallel": args.sequence_parallel,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
         "pure_bf16": args.pure_bf16, "stack": args.stack, "attention": args.attention,

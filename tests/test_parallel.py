@@ -459,3 +459,25 @@ def test_uneven_pipeline_stages() -> None:
     thirty = build_transformer(TransformerConfig(name="t30", layers=30, hidden=256, heads=4))
     with pytest.raises(InvalidConfig, match="give each stage's blocks: --pp-layers 7,8,8,7"):
         build_job(thirty, "h100-sxm", 8, num_gpus=4, pp=4)
+
+
+def test_hybrid_sharding_shards_inside_groups_and_replicates_across() -> None:
+    """--zero 3 --shard-group N: FSDP inside groups of N data-parallel ranks, replicas across
+    them; states take N ranks' share, weight gathers stay on the node's links, and each
+    gradient shard is all-reduced across the groups."""
+    base = {"model": "llama3-8b", "gpu": None, "batch_size": 128, "precision": "bf16",
+            "system": "dgx-h100", "num_gpus": 64, "zero": 3, "microbatch_size": 2,
+            "seq_len": 8192, "checkpointing": "full"}
+    full = estimate(**base).step
+    hybrid = estimate(**base, shard_group=8).step
+    assert hybrid.peak_memory_bytes > full.peak_memory_bytes  # 1/8 of the states, not 1/64
+    assert "sharded over 8, replicated 8x" in str(hybrid.parallel)
+    job, _ = build_job(**{**base, "shard_group": 8})
+    groups = plan_parallel(job).groups
+    assert groups["shard"].size == 8 and not groups["shard"].spans_nodes
+    assert groups["replicate"].size == 8 and groups["replicate"].spans_nodes
+    assert "replicate" not in plan_parallel(build_job(**base)[0]).groups
+    with pytest.raises(InvalidConfig, match="needs --zero 3"):
+        estimate(**{**base, "zero": 1}, shard_group=8)
+    with pytest.raises(InvalidConfig, match="does not divide the 64 data-parallel ranks"):
+        estimate(**base, shard_group=12)

@@ -287,7 +287,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
                             tuple(la for c in chunks for la in c.layers), job.model.input,
                             job.model.family)
         opt_job = job.stage_job(stage_model)
-        shard = 1 / p.data if p.zero >= 1 else 1.0
+        shard = 1 / p.shard_ranks if p.zero >= 1 else 1.0
         opt_ops = optimizer_ops(opt_job)
         optimizer_s = sum(kernel_cost(op, job.topology.gpu, cal).seconds
                           for op in opt_ops) * shard
@@ -302,6 +302,12 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
                               + host_per_op * len(opt_ops))
         stages.append(StagePlan(s, chunks, optimizer_s, params))
     groups = job.topology.parallel_groups(tensor=p.tensor, data=p.data, pipeline=p.pipeline)
+    # ZeRO's gathers and reduce-scatters run inside the shard group (all of DP unless hybrid
+    # sharding); hybrid sharding then all-reduces each gradient shard across the groups.
+    groups["shard"] = job.topology.place(p.shard_ranks, stride=p.tensor)
+    if p.shard_ranks < p.data:
+        groups["replicate"] = job.topology.place(p.data // p.shard_ranks,
+                                                 stride=p.tensor * p.shard_ranks)
     if tied_embedding_params(job):
         # The first and last stage's ranks of one tensor slice, (PP - 1) x TP x DP apart.
         groups["embedding"] = job.topology.place(2, stride=(p.pipeline - 1) * p.tensor * p.data)
@@ -331,7 +337,7 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
                 job.model.family, job.model.tokens_per_sample)
     base = memory_plan(job.stage_job(sub, first=stage.stage == 0))
     tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
-    shard = 1.0 / p.data
+    shard = 1.0 / p.shard_ranks
     gathered = 0.0
     if p.zero == 3:
         # The gathered weights of the running unit and of the prefetched next one, in the

@@ -54,6 +54,14 @@ class ParallelConfig:
     # Blocks on each pipeline stage, first to last (empty: the same on every stage). Frameworks
     # put fewer on the first and last stages, which also hold the embedding and the head.
     stage_blocks: tuple[int, ...] = ()
+    # ZeRO-3 hybrid sharding (HSDP): shard over groups of this many data-parallel ranks and
+    # replicate across the groups (0: shard over all of them).
+    shard_group: int = 0
+
+    @property
+    def shard_ranks(self) -> int:
+        """Data-parallel ranks that weights, gradients and optimizer states are sharded over."""
+        return self.shard_group or self.data
 
     def __post_init__(self) -> None:
         for name in ("tensor", "pipeline", "data", "microbatch_size", "virtual_stages"):
@@ -75,6 +83,13 @@ class ParallelConfig:
             if self.virtual_stages > 1:
                 raise InvalidConfig("--pp-layers gives whole stages; it does not combine with "
                                     "--virtual-stages")
+        if self.shard_group:
+            if self.zero != 3:
+                raise InvalidConfig("--shard-group shards like FSDP inside each group: it "
+                                    "needs --zero 3")
+            if self.shard_group > self.data or self.data % self.shard_group:
+                raise InvalidConfig(f"--shard-group {self.shard_group} does not divide the "
+                                    f"{self.data} data-parallel ranks")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise InvalidConfig("--virtual-stages applies to --schedule interleaved only")
         if self.schedule == "interleaved" and self.pipeline == 1:
@@ -102,6 +117,9 @@ class ParallelConfig:
             text += f" ({self.virtual_stages} virtual stages)"
         if self.zero:
             text += f", ZeRO-{self.zero}"
+        if self.shard_group and self.shard_group < self.data:
+            text += (f" sharded over {self.shard_group}, replicated "
+                     f"{self.data // self.shard_group}x")
         if self.sequence_parallel:
             text += ", sequence parallel"
         return text

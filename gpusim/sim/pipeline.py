@@ -189,7 +189,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         event(arrived, key).succeed()
 
     def reduce(unit: tuple[int, int], collective: str, n_bytes: float, label: str,
-               ready_at: float = 0.0) -> Any:
+               ready_at: float = 0.0, group: str = "data") -> Any:
         """A data-parallel collective on the unit's communication stream; it starts when
         every replica of the stage has reached it."""
         r, s = unit
@@ -197,7 +197,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         issued[(r, s, label)] += 1
         if ready_at > env.now:
             yield env.timeout(ready_at - env.now)
-        seconds = plan.collective_s(collective, "data", n_bytes)  # type: ignore[arg-type]
+        seconds = plan.collective_s(collective, group, n_bytes)  # type: ignore[arg-type]
         if seconds == 0.0:
             return
         seconds *= group_link[s]
@@ -223,14 +223,21 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         if total == 0 or par.data == 1:
             return []
         count = max(1, math.ceil(total / DDP_BUCKET_BYTES))
-        return [env.process(reduce(unit, collective, total / count,
-                                   f"{collective} bucket {i}",
-                                   start + length * (i + 1) / count))
-                for i in range(count)]
+        group = "shard" if par.zero >= 2 else "data"
+        out = [env.process(reduce(unit, collective, total / count,
+                                  f"{collective} bucket {i}",
+                                  start + length * (i + 1) / count, group))
+               for i in range(count)]
+        if par.shard_ranks < par.data:  # hybrid sharding: each shard all-reduced across groups
+            out += [env.process(reduce(unit, "all_reduce", total / count / par.shard_ranks,
+                                       f"all_reduce shard bucket {i}",
+                                       start + length * (i + 1) / count, "replicate"))
+                    for i in range(count)]
+        return out
 
     def gather_weights(unit: tuple[int, int], params: float) -> simpy.Process:
         return env.process(reduce(unit, "all_gather", params * gathered_bytes,
-                                  "all_gather weights"))
+                                  "all_gather weights", group="shard"))
 
     def run_stage(unit: tuple[int, int], st: StagePlan) -> Any:
         r, s = unit

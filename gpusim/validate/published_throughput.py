@@ -3,7 +3,7 @@
 Each case is written as the run was configured: its model's dimensions, GPUs, batch,
 sequence, FSDP/TP/PP split, recompute mode, precision and FP8 recipe, and the framework's
 stack. What gpusim does not model is said per case and the case is either skipped (context
-parallelism, hybrid sharding) or predicted as the nearest thing it models and flagged
+parallelism) or predicted as the nearest thing it models and flagged
 (torch.compile runs are predicted eager). Validation only: nothing here is fitted.
 """
 
@@ -87,8 +87,6 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     t, p = case["training"], case["training"]["parallelism"]
     if int(p.get("cp", 1)) > 1:
         return {}, (), "context parallelism is not modelled yet"
-    if int(p.get("dp_shard", 1)) > 1 and int(p.get("dp_replicate", 1)) > 1:
-        return {}, (), "hybrid sharding (HSDP) is not modelled yet"
     gpus = int(case["hardware"]["num_gpus"])
     seq = int(t["seq_len"])
     tp, pp, vp = int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("vp", 1))
@@ -110,6 +108,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         "stack": stack, "fp8_recipe": "tensorwise",
         "zero": 3 if int(p.get("dp_shard", 1)) > 1 else 1,
     }
+    if int(p.get("dp_shard", 1)) > 1 and int(p.get("dp_replicate", 1)) > 1:
+        kwargs["shard_group"] = int(p["dp_shard"])  # hybrid sharding (HSDP)
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
     if pp > 1 and kwargs["zero"] == 3:
