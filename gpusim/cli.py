@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
+
 from gpusim import (
     cli_compare,
     cli_explore,
@@ -228,6 +230,15 @@ def _parser() -> argparse.ArgumentParser:
     pc = psub.add_parser("check", help="validate a profile YAML file")
     pc.add_argument("file")
     pc.add_argument("--json", action="store_true")
+    pn = psub.add_parser("new", help="start a profile of your own from a shipped one",
+                         description="Write a profile YAML to edit: every field of an "
+                                     "existing profile (units are in the field names), its "
+                                     "own name, no prices, and each source marked for you "
+                                     "to fill in. `gpusim profiles check FILE` then "
+                                     "validates it.")
+    pn.add_argument("file", type=paths.output_file(".yaml", ".yml"))
+    pn.add_argument("--from", dest="base", required=True,
+                    help="the profile to copy, e.g. h100-sxm")
 
     mod = sub.add_parser("models", help="list or show zoo models")
     msub = mod.add_subparsers(dest="action", required=True)
@@ -383,6 +394,26 @@ def _profile_row(p: Any) -> dict[str, Any]:
     return row
 
 
+def _new_profile(base: Any, path: Path) -> int:
+    """A copy of ``base`` to edit into a profile of one's own device."""
+    if path.exists():
+        raise InvalidConfig(f"{path} exists; give a new file name")
+    data = base.model_dump(mode="json", exclude_none=True)
+    for key in ("cloud_prices", "street_prices", "launch_price_usd"):
+        data.pop(key, None)
+    data.update(name=path.stem, full_name=f"{base.full_name} (edit: your device)", aliases=[])
+    data["sources"] = {key: f"TODO: where your {key} comes from (copied from {base.name}: "
+                            f"{value})" for key, value in base.sources.items()
+                       if key in data}
+    header = (f"# A {base.kind} profile started from {base.name} by `gpusim profiles new`.\n"
+              f"# Edit every value for your device (units are in the names: _gib, _gb_s, "
+              f"_mhz, _tflops, _w),\n# replace each TODO source, then run "
+              f"`gpusim profiles check {path}`.\n")
+    path.write_text(header + yaml.safe_dump(data, sort_keys=False, width=100))
+    print(f"wrote {path} (from {base.name}); edit it, then: gpusim profiles check {path}")
+    return 0
+
+
 def _profiles(args: argparse.Namespace) -> int:
     if args.action == "check":
         if Path(args.file).parent.name == "calibration":
@@ -398,6 +429,8 @@ def _profiles(args: argparse.Namespace) -> int:
             print(f"{args.file}: ok ({profile.kind} {profile.name!r})")
         return 0
     cat = catalog()
+    if args.action == "new":
+        return _new_profile(cat.find(args.base), Path(args.file))
     if args.action == "show":
         found = cat.find(args.name)
         data = found.model_dump(mode="json")

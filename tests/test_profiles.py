@@ -198,3 +198,21 @@ def test_profile_files_work_wherever_names_do(tmp_path: Path) -> None:
     assert load_link(str(profiles_dir() / "links" / "nvlink4.yaml")).name == "nvlink4"
     with pytest.raises(InvalidProfile, match="is a gpu profile, not a system"):
         load_system(gpu_file)
+
+
+def test_profiles_new_starts_a_profile_that_checks_and_runs(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    from gpusim.cli import main
+
+    path = tmp_path / "my-gpu.yaml"
+    assert main(["profiles", "new", "--from", "h100-sxm", str(path)]) == 0
+    text = path.read_text()
+    assert "TODO: where your memory_bandwidth_gb_s comes from" in text
+    assert "cloud_prices" not in text  # your device's prices are not the H100's
+    assert main(["profiles", "check", str(path)]) == 0
+    assert main(["estimate", "--model", "gpt2", "--gpu", str(path), "--batch-size", "8",
+                 "--precision", "bf16"]) == 0
+    capsys.readouterr()
+    assert main(["profiles", "new", "--from", "h100-sxm", str(path)]) == 2
+    assert "exists" in capsys.readouterr().err
