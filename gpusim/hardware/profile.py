@@ -89,6 +89,7 @@ class Profile(Frozen):
             raise ValueError(
                 f"name {self.name!r} must be lowercase letters, digits, '.', '+' or '-'"
             )
+        missing = []  # every field without a source, named at once
         for field_name in type(self).model_fields:
             if field_name in _UNSOURCED:
                 continue
@@ -96,14 +97,15 @@ class Profile(Frozen):
             if value is None:
                 continue
             if isinstance(value, dict):
-                for key in value:
-                    if field_name not in self.sources and f"{field_name}.{key}" not in self.sources:
-                        raise ValueError(
-                            f"{field_name}.{key} has no source: add sources.{field_name} "
-                            f"or sources.{field_name}.{key}"
-                        )
+                missing += [f"{field_name}.{key}" for key in value
+                            if field_name not in self.sources
+                            and f"{field_name}.{key}" not in self.sources]
             elif field_name not in self.sources:
-                raise ValueError(f"{field_name} has no source: add sources.{field_name}")
+                missing.append(field_name)
+        if missing:
+            raise ValueError(f"{len(missing)} field{'s' if len(missing) > 1 else ''} without "
+                             f"a source: {', '.join(missing)}; add sources.<field> for each "
+                             f"(or sources.<field>.<key> for one entry of a table)")
         return self
 
 
