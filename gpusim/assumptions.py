@@ -4,10 +4,13 @@ device and for many."""
 from __future__ import annotations
 
 from gpusim import units
+from gpusim.hardware.calibration import calibration_for
+from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.autocast import autocasts
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.parallel_job import ParallelJob
 from gpusim.sim.ranks import Straggler, rank_coords
+from gpusim.stack import Stack
 from gpusim.workload.layers import Conv2d
 
 _ENERGY = ("energy: each device draws idle power, plus (TDP - idle) while a kernel works "
@@ -140,3 +143,16 @@ OFFLOAD_TEXT = {
     "params": "FSDP CPU offload: weight, gradient and optimizer shards in host memory; the "
               "CPUs step; gradients down and weights up over PCIe after the backward pass",
 }
+
+
+def attention_unmeasured(framework: Stack, device: DeviceProfile) -> str:
+    """A note when a named attention kernel has no efficiency of its own in the device's
+    calibration (so the default fused kernel's stands in), else ''."""
+    kernel = framework.attention
+    if kernel in ("auto", "math"):
+        return ""
+    cal = calibration_for(device)
+    if kernel in cal.gemm.attention_kernels:
+        return ""
+    return (f"{kernel} attention: no efficiency measured for it in calibration {cal.name}; "
+            f"costed as the default fused attention kernel")

@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
 from gpusim import (
     cli_compare,
     cli_explore,
@@ -42,6 +40,7 @@ from gpusim.hardware.profile import (
     LinkProfile,
     SystemProfile,
 )
+from gpusim.hardware.template import profile_template
 from gpusim.plan.job import (
     DEFAULT_LOADER_WORKERS,
     OPTIMIZERS,
@@ -395,21 +394,9 @@ def _profile_row(p: Any) -> dict[str, Any]:
 
 
 def _new_profile(base: Any, path: Path) -> int:
-    """A copy of ``base`` to edit into a profile of one's own device."""
     if path.exists():
         raise InvalidConfig(f"{path} exists; give a new file name")
-    data = base.model_dump(mode="json", exclude_none=True)
-    for key in ("cloud_prices", "street_prices", "launch_price_usd"):
-        data.pop(key, None)
-    data.update(name=path.stem, full_name=f"{base.full_name} (edit: your device)", aliases=[])
-    data["sources"] = {key: f"TODO: where your {key} comes from (copied from {base.name}: "
-                            f"{value})" for key, value in base.sources.items()
-                       if key in data}
-    header = (f"# A {base.kind} profile started from {base.name} by `gpusim profiles new`.\n"
-              f"# Edit every value for your device (units are in the names: _gib, _gb_s, "
-              f"_mhz, _tflops, _w),\n# replace each TODO source, then run "
-              f"`gpusim profiles check {path}`.\n")
-    path.write_text(header + yaml.safe_dump(data, sort_keys=False, width=100))
+    path.write_text(profile_template(base, path))
     print(f"wrote {path} (from {base.name}); edit it, then: gpusim profiles check {path}")
     return 0
 

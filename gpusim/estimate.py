@@ -12,7 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpusim import units
-from gpusim.assumptions import OFFLOAD_TEXT, parallel_assumptions, single_assumptions
+from gpusim.assumptions import (
+    OFFLOAD_TEXT,
+    attention_unmeasured,
+    parallel_assumptions,
+    single_assumptions,
+)
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.cost.energy import average_power_w
 from gpusim.errors import InvalidConfig
@@ -41,19 +46,6 @@ from gpusim.workload.layers import Conv2d
 from gpusim.workload.lora import LORA_SUFFIX, add_lora, parse_targets
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
-
-
-def attention_unmeasured(framework: Stack, device: DeviceProfile) -> str:
-    """A note when a named attention kernel has no efficiency of its own in the device's
-    calibration (so the default fused kernel's stands in), else ''."""
-    kernel = framework.attention
-    if kernel in ("auto", "math"):
-        return ""
-    cal = calibration_for(device)
-    if kernel in cal.gemm.attention_kernels:
-        return ""
-    return (f"{kernel} attention: no efficiency measured for it in calibration {cal.name}; "
-            f"costed as the default fused attention kernel")
 
 
 def resolve_model(model: str | Model, seq_len: int | None = None) -> Model:

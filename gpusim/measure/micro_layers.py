@@ -220,7 +220,6 @@ def time_host_step(spec: dict[str, Any], precision: str, device: torch.device,
     PyTorch's default Adam), each phase timed on the host's clock: at this size the device
     is idle between launches, so this is what the host pays per step, phase by phase, with
     one backward() call spread over every layer as in a real step."""
-    import statistics
     import time
 
     from gpusim.measure import models
@@ -256,13 +255,7 @@ def time_host_step(spec: dict[str, Any], precision: str, device: torch.device,
         for phase, a, b in zip(HOST_STEP_PHASES, marks, marks[1:], strict=False):
             samples[phase].append(b - a)
     synchronize(device)
-
-    def timing(values: list[float]) -> Timing:
-        ranked = sorted(values)
-        return Timing(statistics.median(values), ranked[len(ranked) // 10],
-                      ranked[min(len(ranked) - 1, (9 * len(ranked)) // 10)], repeats, 1)
-
-    return {phase: timing(values) for phase, values in samples.items()}
+    return {phase: Timing.of(values) for phase, values in samples.items()}
 
 
 def linear_shapes(tokens: int) -> list[tuple[int, int, int]]:

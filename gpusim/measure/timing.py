@@ -37,6 +37,12 @@ class Timing:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def of(cls, samples: list[float], inner: int = 1) -> Timing:
+        """The median and 10th/90th percentiles of ``samples`` (seconds per call)."""
+        return cls(statistics.median(samples), _quantile(samples, 0.1),
+                   _quantile(samples, 0.9), len(samples), inner)
+
 
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -103,8 +109,7 @@ def time_call(fn: Callable[[], Any], device: torch.device, *,
         for _ in range(inner):
             fn()
         samples.append(clock.elapsed(t) / inner)
-    return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9),
-                  repeats, inner)
+    return Timing.of(samples, inner)
 
 
 def time_graph(fn: Callable[[], Any], device: torch.device, calls: int = 20,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from gpusim.calibrate.micro_ops import SDPA_KERNELS, case_ops, predict
@@ -83,13 +84,23 @@ def memory_case(op: str, n_bytes: int) -> dict[str, Any]:
             "bytes": n_bytes, "dtype": "fp32"}
 
 
+@lru_cache(maxsize=8)
+def _measured_cases(device: str) -> dict[str, tuple[float, str]]:
+    """Case id -> (median, file) over the device's committed micro files, the first file
+    (micro.json, then its repeat runs) winning; read once per device."""
+    found: dict[str, tuple[float, str]] = {}
+    for path in results.find(results.measurements_dir(), "micro", device, runs=True):
+        for row in json.loads(path.read_text())["cases"]:
+            if "median_s" in row and not row.get("graph"):
+                found.setdefault(row["id"], (float(row["median_s"]),
+                                             results.display_path(path)))
+    return found
+
+
 def _measured(case_id: str, device: DeviceProfile) -> tuple[float | None, str | None]:
     """The median of the same case in the device's committed micro files, if any."""
-    for path in results.find(results.measurements_dir(), "micro", device.name, runs=True):
-        for row in json.loads(path.read_text())["cases"]:
-            if row.get("id") == case_id and "median_s" in row and not row.get("graph"):
-                return float(row["median_s"]), results.display_path(path)
-    return None, None
+    found = _measured_cases(device.name).get(case_id)
+    return found if found is not None else (None, None)
 
 
 def predict_kernel(case: dict[str, Any], device: DeviceProfile,

@@ -128,11 +128,11 @@ class _Fields:
 
 
 def _activation(act: str, gated: bool, source: str) -> str:
-    if act == "silu" or act == "swish":
+    if act in ("silu", "swish"):
         if not gated:
             raise InvalidModel(f"{source}: a plain (ungated) SiLU MLP is not modelled")
         return "swiglu"
-    if act in _GELU or act == "gelu_new":
+    if act in _GELU:
         return "geglu" if gated else "gelu"
     raise InvalidModel(f"{source}: hidden activation {act!r} is not modelled "
                        f"(silu or gelu variants are)")
@@ -194,7 +194,7 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
             heads=f.need("num_attention_heads"), ffn_hidden=f.need("intermediate_size"),
             vocab=f.need("vocab_size"), kind="encoder", norm="layernorm",
             positions="learned", max_positions=f.count("max_position_embeddings"),
-            type_vocab=f.count("type_vocab_size", default=2) or 0,
+            type_vocab=f.count("type_vocab_size", default=2),
             activation=_activation(f.text("hidden_act", default="gelu"), False, source),
             tied_embeddings=f.flag("tie_word_embeddings", True), bias=True)
         note = "the pooler is not modelled (masked-LM training does not use it)"
