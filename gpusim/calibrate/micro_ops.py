@@ -98,7 +98,9 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
                         kv_heads=case.get("kv_heads", 0), causal=case["causal"], fused=True,
                         kernel=SDPA_KERNELS.get(case.get("backend", ""), ""))
         n = case["batch"]
-        ops = att.forward(n, num) if case["pass"] == "forward" else att.backward_input(n, num)
+        ops = {"forward": att.forward(n, num), "backward": att.backward_input(n, num),
+               "forward_backward": att.forward(n, num) + att.backward_input(n, num)
+               }[case["pass"]]
         return [op for op in ops if op.kind == "attention"]  # SDPA on (b, h, s, d) alone
     if kind == "batch_norm":
         num = numerics(case["precision"], device)
@@ -157,6 +159,12 @@ def layer_host_times(case: dict[str, Any], device: DeviceProfile,
     return times[(layer, phase)]
 
 
+def kernel_timed(case: dict[str, Any]) -> bool:
+    """Whether a case's time is its kernels' alone: replayed from a CUDA graph, or a
+    published figure timed on the device (measure/published.py)."""
+    return bool(case.get("graph")) or case.get("timed") == "kernel"
+
+
 def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:
     """Seconds gpusim predicts for one micro case under calibration ``cal``."""
     kind = case["kind"]
@@ -177,7 +185,7 @@ def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> fl
             raise ValueError("host copies are measured on GPUs only")
         link = catalog().get(f"pcie{min(device.pcie_gen, 5)}", LinkProfile)
         return copy_cost(case["bytes"], link.bandwidth, link.latency, cal.pcie_efficiency)
-    if case.get("graph"):  # replayed from a CUDA graph: the kernels alone, no host
+    if kernel_timed(case):
         return sum(kernel_cost(op, device, cal).seconds for op in case_ops(case, device))
     seconds = loop_seconds(case_ops(case, device), device, cal)
     if case.get("pass") == "backward":
