@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpusim.calibrate.micro_ops import predict
 from gpusim.hardware.calibration import calibration_for
@@ -36,8 +37,8 @@ def published_files() -> list[Path]:
     return sorted((results.measurements_dir() / "published").glob("*/micro.json"))
 
 
-def _group(case: dict) -> str:
-    kind = case["kind"]
+def _group(case: dict[str, Any]) -> str:
+    kind = str(case["kind"])
     if kind == "gemm":
         return f"gemm {case['precision']}"
     if kind == "sdpa":
