@@ -18,6 +18,8 @@ import yaml
 
 from gpusim.errors import GpusimError
 from gpusim.estimate import estimate
+from gpusim.hardware.calibration import calibration_for
+from gpusim.hardware.catalog import load_gpu
 
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "dev_cases.yaml"
 GPUS = {"A100 80GB": "a100-80gb", "A100 40GB": "a100-40gb", "V100 16GB": "v100-sxm2-16gb",
@@ -77,8 +79,9 @@ def main(path: Path = DEFAULT) -> None:
     if errors:
         print(f"\n{len(errors)} cases: MAPE {100 * statistics.mean(errors):.1f}%, "
               f"max {100 * max(errors):.1f}%")
-    print("Input pipeline not simulated (DeepLearningExamples decodes with DALI); "
-          "calibration: stated defaults, not fitted.")
+    used = sorted({f"{g}: {calibration_for(load_gpu(g)).name}" for g in GPUS.values()})
+    print("Input pipeline not simulated (DeepLearningExamples decodes with DALI). "
+          f"Calibrations: {'; '.join(used)}.")
 
 
 if __name__ == "__main__":

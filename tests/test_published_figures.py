@@ -24,10 +24,13 @@ from gpusim.workload import zoo
 # vocab-parallel cross-entropy moved them back by under 1%. Attention's layout copies
 # (merging heads, packing dq/dk/dv: kernels of their own in profiled H100 steps) moved every
 # row slower: each A100 row closer, the two smallest V100 rows from 5.6% and 4.9% to 6.7%
-# and 5.7% slow, the mean from 9.1% to 8.7%.
-MEGATRON_MAX_ERROR = 0.17
-MEGATRON_MEAN_ERROR = 0.09
-MEGATRON_V100_MAX_ERROR = 0.07
+# and 5.7% slow, the mean from 9.1% to 8.7%. Fitting Ampere and Volta on published kernel
+# figures (measurements/published/) instead of stated defaults: max 15.1%, mean 7.4%, 16 of
+# 22 within 10% (was 14); the V100 rows move 1-8% faster (DeepBench's V100 GEMMs put fp16 at
+# 0.86 of peak, not the stated 0.8), the slowest to 7.3%.
+MEGATRON_MAX_ERROR = 0.16
+MEGATRON_MEAN_ERROR = 0.08
+MEGATRON_V100_MAX_ERROR = 0.08
 
 
 @pytest.mark.parametrize("precision, per_param", [

@@ -96,7 +96,7 @@ def test_a_fit_moves_only_what_its_cases_show(tmp_path: Path) -> None:
 def test_committed_micro_file_is_its_transcription_converted(path: Path) -> None:
     """measurements/published/<device>/micro.json is written from transcribed.yaml by
     gpusim.measure.published, never by hand."""
-    data, _ = published.convert(read_yaml(path), results.display_path(path))
+    data, _ = published.convert_file(path)
     committed = json.loads(path.with_name("micro.json").read_text())
     assert committed == json.loads(json.dumps(data))
 

@@ -72,8 +72,14 @@ class FitResult:
     source: str
 
 
+# A parameter path ending in this sets a kernel's forward and backward factors as one.
+BOTH_PASSES = "forward+backward"
+
+
 def _get(data: dict[str, Any], path: Path_) -> float:
     node: Any = data
+    if path[-1] == BOTH_PASSES:
+        path = (*path[:-1], "forward")
     for key in path:
         node = node[key]
     return float(node)
@@ -82,6 +88,8 @@ def _get(data: dict[str, Any], path: Path_) -> float:
 def _has(data: dict[str, Any], path: Path_) -> bool:
     """Whether the fit set ``path`` (one no case moves is left as the defaults have it)."""
     node: Any = data
+    if path[-1] == BOTH_PASSES:
+        path = (*path[:-1], "forward")
     for key in path:
         if not isinstance(node, dict) or key not in node:
             return False
@@ -93,7 +101,10 @@ def _set(data: dict[str, Any], path: Path_, value: float) -> None:
     node: Any = data
     for key in path[:-1]:
         node = node.setdefault(key, {})
-    node[path[-1]] = value
+    if path[-1] == BOTH_PASSES:
+        node["forward"] = node["backward"] = value
+    else:
+        node[path[-1]] = value
 
 
 def _log_error(cases: list[dict[str, Any]], device: DeviceProfile, cal: Calibration) -> float:
@@ -124,6 +135,9 @@ def _search(lo: float, hi: float, score: Callable[[float], float], zero: bool) -
 # Smallest elementwise case timed in a loop that the memory fit takes when graph replays
 # cover the small sizes (a 16 MiB copy takes ~10 us on the device, past the host's pace).
 LOOP_MIN_BYTES = 2**24
+
+# The smallest GEMM tile side any calibration states (64 x 64).
+SMALLEST_TILE = 64
 
 # A ramp (the time a kernel loses to filling the device) shows only on short kernels: a group
 # whose cases all run longer than this (published figures of large kernels) keeps the
@@ -170,29 +184,46 @@ def _has_host(cases: list[dict[str, Any]]) -> bool:
 def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     """(group name, its cases, its parameters) in fitting order."""
     def of(pred: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-        return [c for c in cases if "median_s" in c and pred(c)]
+        return [c for c in cases if "median_s" in c and c.get("fit", True) and pred(c)]
 
     def sdpa(backend: str) -> list[dict[str, Any]]:
         """SDPA restricted to one backend: that kernel's own efficiency."""
         return of(lambda c: c["kind"] == "sdpa" and c.get("backend") == backend)
 
+    def kernel_params(kernel: str, cases: list[dict[str, Any]]) -> list[tuple[Path_, str]]:
+        """A kernel's forward and backward factors; one factor for both where every case
+        times the two passes together (published forward+backward figures)."""
+        apart = any(c["pass"] != "forward_backward" for c in cases)
+        return [(("gemm", "attention_kernels", kernel, phase), "factor")
+                for phase in (("forward", "backward") if apart else (BOTH_PASSES,))]
+
     per_kernel: list[Group] = [
-        (f"attention {kernel}", sdpa(backend),
-         [(("gemm", "attention_kernels", kernel, phase), "factor")
-          for phase in ("forward", "backward")])
+        (f"attention {kernel}", sdpa(backend), kernel_params(kernel, sdpa(backend)))
         for backend, kernel in SDPA_KERNELS.items()]
 
     # Small copies timed in a loop measure how fast the host issues them; where CUDA-graph
     # replays give their device time, those stand for the small sizes instead.
     graphed = any(kernel_timed(c) for c in cases if c["kind"] == "elementwise")
+    def tiled(c: dict[str, Any]) -> bool:
+        """A product the tile model describes: at least a smallest tile's rows and columns
+        (thinner ones run GEMV-like or split-K kernels it does not; they are reported by
+        benchmarks/published_micro.py, not fitted)."""
+        return bool(min(c["m"], c["n"]) >= SMALLEST_TILE)
+
     def narrow(c: dict[str, Any]) -> bool:
         """A tensor-core GEMM whose rows the model finds misaligned (from its shape)."""
         return c["precision"] in TENSOR_CORE_MATH and not GemmShape(
             c["m"], c["n"], c["k"]).aligned(DTYPE_BYTES[c["precision"]])
 
-    gemm = of(lambda c: c["kind"] == "gemm" and not narrow(c))
+    gemm = of(lambda c: c["kind"] == "gemm" and not narrow(c) and tiled(c))
+    # max_efficiency is the row-major (nn) products'; the other layouts' factors are relative
+    # to it, unless nn was never timed (published tables of nt products): then their figures
+    # stand for it and the layout factors keep their defaults.
+    row_major = [c for c in gemm if c.get("layout", "nn") == "nn"]
+    layouts = [c for c in gemm if c.get("layout", "nn") != "nn"] if row_major else []
+    gemm = row_major or gemm
     precisions = sorted({c["precision"] for c in gemm})
-    misaligned = of(lambda c: c["kind"] == "gemm" and narrow(c))
+    misaligned = of(lambda c: c["kind"] == "gemm" and narrow(c) and tiled(c))
     gemm_params: list[tuple[Path_, str]] = [
         (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
     if _has_short(gemm):
@@ -218,7 +249,7 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
           for p in sorted({c["precision"] for c in misaligned})]),
         # A linear layer's products in the layouts training uses, relative to the row-major
         # products above: forward (nt) and the weight gradient (tn).
-        ("gemm layouts", of(lambda c: c["kind"] == "linear" and device.is_gpu),
+        ("gemm layouts", of(lambda c: c["kind"] == "linear" and device.is_gpu) + layouts,
          [(("gemm", "layout_factors", "nt"), "factor"),
           (("gemm", "layout_factors", "tn"), "factor")]),
         ("conv", conv, [(("gemm", "conv_factors", m), "factor") for m in conv_math]
@@ -227,10 +258,10 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
          [(("memory", "kernel_factors", f), "factor") for f in sorted(
              {batch_norm("", 1, 1).family(numerics(c["precision"], device))
               for c in cases if c["kind"] == "batch_norm"})]),
-        # What training gets: SDPA's own choice of backend (the "auto" cases), forward and
-        # backward apart.
         ("row kernels", rows,
          [(("memory", "kernel_factors", f), "factor") for f in row_families]),
+        # What training gets: SDPA's own choice of backend (the "auto" cases), forward and
+        # backward apart.
         ("attention", of(lambda c: c["kind"] == "attention"
                          or (c["kind"] == "sdpa" and c.get("backend") == "auto")),
          [(("gemm", "attention_factor"), "factor"),
@@ -305,37 +336,62 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
                 cal["overhead"][key] = max(0.0, (seconds - node) * 1e6)
 
     fits = []
+    shared = ""
     for name, group_cases, params in _groups(cases, device):
         before = Calibration.model_validate(cal)
         _fit_group(cal, params, group_cases, device)
         fits.append(_group_fit(name, group_cases, device, before, cal,
                                {".".join(p): _get(cal, p) for p, _ in params
                                 if _has(cal, p)}))
-
+        if name == "gemm":  # before anything is fitted relative to the GEMM efficiencies
+            shared = _same_rate_precisions(cal, device, fits)
     auto = _auto_attention(cal, data, fits)
     layers = [c for c in cases if c["kind"] == "layer_host" and "median_s" in c]
     if layers:
         fits.append(_fit_layer_host(cal, layers, device))
 
     today = datetime.date.today().isoformat()
+    what = ("published microbenchmarks (each case cites its source) transcribed"
+            if data["provenance"].get("published") else "the micro suite measured")
     summary = "; ".join(f"{g.group} {g.cases} cases, mean error {g.error_after:.1%}"
                         for g in fits)
     cal.update({
         "name": f"{device.name}-fitted", "device": device.name, "architecture": None,
         "status": "fitted", "fitted_on": [results.display_path(p) for p in paths],
-        "rationale": f"Fitted by gpusim calibrate on {today} to the micro suite measured "
-                     f"{data['provenance'].get('date', '')[:10]} ({summary}).{auto} "
+        "rationale": f"Fitted by gpusim calibrate on {today} to {what} "
+                     f"{data['provenance'].get('date', '')[:10]} ({summary}).{shared}{auto} "
                      f"Parameters not in the suite keep the values of {base.name}.",
     })
     return FitResult(Calibration.model_validate(cal), fits,
                      ", ".join(results.display_path(p) for p in paths))
 
 
+def _same_rate_precisions(cal: dict[str, Any], device: DeviceProfile,
+                          fits: list[GroupFit]) -> str:
+    """A precision no GEMM case timed takes the efficiency of one that was timed on the same
+    matrix units at the same peak (fp16 and bf16 on every tensor-core GPU): one measured
+    library, not a default, then speaks for both."""
+    prefix = "gemm.max_efficiency."
+    fitted = {k[len(prefix):]: v for g in fits if g.group == "gemm"
+              for k, v in g.parameters.items() if k.startswith(prefix)}
+    peaks = {str(k): v for k, v in device.matrix_tflops.items()}
+    taken = []
+    for precision in list(cal["gemm"]["max_efficiency"]):
+        twin = next((q for q in fitted if q != precision and precision not in fitted
+                     and precision in peaks and peaks.get(q) == peaks[precision]), None)
+        if twin is not None:
+            cal["gemm"]["max_efficiency"][precision] = fitted[twin]
+            taken.append(f"{precision} from {twin}")
+    return (f" Precisions no GEMM case timed, from one at the same peak: "
+            f"{', '.join(taken)}." if taken else "")
+
+
 def _auto_attention(cal: dict[str, Any], data: dict[str, Any], fits: list[GroupFit]) -> str:
     """Where the suite timed no SDPA "auto" cases (published figures name their kernel), the
     default attention is the kernel the file says SDPA picks on this GPU, as fitted."""
     backend = data.get("sdpa_auto_backend")
-    if not backend or any(g.group == "attention" for g in fits):
+    if not backend or any(c.get("backend") == "auto" or c["kind"] == "attention"
+                          for c in data["cases"]):
         return ""
     fitted = cal["gemm"].get("attention_kernels", {}).get(SDPA_KERNELS.get(backend, ""))
     if not fitted:

@@ -73,7 +73,7 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
     kind = case["kind"]
     if kind == "gemm":
         p = case["precision"]
-        shape = GemmShape(case["m"], case["n"], case["k"])
+        shape = GemmShape(case["m"], case["n"], case["k"], layout=case.get("layout", "nn"))
         # timed into a preallocated output (torch.mm(..., out=c))
         return [replace(gemm_op(case["id"], shape, p, DTYPE_BYTES[p]), alloc_bytes=0.0)]
     if kind == "conv":
@@ -110,8 +110,12 @@ def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         return norm.forward(n, num) if case["pass"] == "forward" else norm.backward_input(n, num)
     if kind == "row_kernel" and case["op"] in ROW_KERNEL_LAYERS:
         row = ROW_KERNEL_LAYERS[case["op"]](case["id"], case["rows"], case["cols"])
+        if case.get("upcast"):  # written as separate fp32 ops (e.g. Hugging Face's RMS norm)
+            row = replace(row, upcast=case["upcast"])
         num = numerics(case["precision"], device)
-        return row.forward(1, num) if case["pass"] == "forward" else row.backward_input(1, num)
+        return {"forward": row.forward(1, num), "backward": row.backward_input(1, num),
+                "forward_backward": row.forward(1, num) + row.backward_input(1, num)
+                }[case["pass"]]
     if kind == "elementwise":
         reads, writes = ELEMENTWISE_PASSES[case["op"]]
         elements = case["bytes"] / DTYPE_BYTES[case["dtype"]]

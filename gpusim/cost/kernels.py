@@ -16,7 +16,7 @@ from typing import Literal
 from gpusim import units
 from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
-from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op
+from gpusim.workload.ops import DTYPE_BYTES, AttentionShape, GemmShape, Op
 
 # Shortest K slice a split-K GEMM gives one CTA (shorter slices spend more time reducing).
 SPLIT_K_MIN = 256
@@ -59,6 +59,26 @@ def quantization_efficiency(shape: GemmShape, device: GPUProfile, cal: Calibrati
     return best
 
 
+# Queries (and keys) per tile of a fused attention kernel: FlashAttention-2's forward for
+# head dimensions up to 64, FlashAttention-3's and cuDNN's take 128 x 128 score tiles (others
+# are 128 x 64).
+ATTENTION_TILE = 128
+
+
+def attention_tiling(shape: AttentionShape) -> float:
+    """Useful score tiles over the tiles a fused attention kernel computes: partial tiles at
+    the sequence's end, and with the causal mask the diagonal tiles, computed whole though
+    half of each is masked (why short causal sequences run below the long ones' rate)."""
+    q, k = shape.queries / ATTENTION_TILE, shape.keys / ATTENTION_TILE
+    rows, cols = math.ceil(q), math.ceil(k)
+    useful = q * k
+    computed: float = rows * cols
+    if shape.causal:
+        useful /= 2
+        computed = computed / 2 + min(rows, cols) / 2
+    return useful / computed
+
+
 def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     """Seconds ``op`` occupies the device's compute stream."""
     bandwidth = (device.memory_bandwidth * cal.memory.max_efficiency
@@ -78,6 +98,8 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
             eff *= cal.gemm.conv_factors.get(op.math, cal.gemm.conv_factor)
         elif op.kind == "attention":
             eff *= cal.attention_efficiency(op.kernel, op.family == "attention_backward")
+            if op.attention is not None:
+                eff *= attention_tiling(op.attention)
         if op.gemm is not None and isinstance(device, GPUProfile):
             eff *= quantization_efficiency(op.gemm, device, cal)
             if op.kind == "gemm" and not op.gemm.aligned(DTYPE_BYTES.get(op.math, 4)):

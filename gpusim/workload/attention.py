@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 from gpusim.workload.layers import Layer
 from gpusim.workload.numerics import Numerics
-from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
+from gpusim.workload.ops import (
+    DTYPE_BYTES,
+    AttentionShape,
+    GemmShape,
+    Op,
+    gemm_op,
+    memory_op,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,10 @@ class Attention(Layer):
     # The fused kernel by name (flash2, cudnn, efficient, flash3); empty: the one SDPA picks
     # on the device, which the calibration's default attention efficiency describes.
     kernel: str = ""
+    # Keys and values per sample when they span more than this rank's ``seq`` queries:
+    # context parallelism gives each rank a slice of the sequence and gathers K and V from
+    # the others (0: the same as ``seq``).
+    kv_seq: int = 0
 
     @property
     def _kv(self) -> int:
@@ -43,15 +54,25 @@ class Attention(Layer):
         return self.kv_heads or self.heads
 
     @property
+    def keys(self) -> int:
+        """Keys (and values) each query attends over, per sample."""
+        return self.kv_seq or self.seq
+
+    @property
     def out_elements(self) -> int:
         return self.seq * self.heads * self.head_dim
 
     def _qkvo_elements(self, n: int) -> float:
         """Q and O at full heads, K and V at ``kv_heads`` (grouped-query attention)."""
-        return n * self.seq * self.head_dim * (2 * self.heads + 2 * self._kv)
+        return n * self.head_dim * (2 * self.heads * self.seq + 2 * self._kv * self.keys)
+
+    def _shape(self, n: int) -> AttentionShape:
+        return AttentionShape(n * self.heads, self.seq, self.keys, self.causal)
 
     def _fused_flops(self, n: int) -> float:
-        flops = 4.0 * n * self.heads * self.seq**2 * self.head_dim
+        # Causal context parallelism deals each rank matching chunks from both ends of the
+        # sequence (torchtitan's load balancing), so half its score tiles are masked too.
+        flops = 4.0 * n * self.heads * self.seq * self.keys * self.head_dim
         return flops / 2 if self.causal else flops
 
     def _score_gemms(self, n: int, names: tuple[str, ...], num: Numerics) -> list[Op]:
@@ -91,7 +112,8 @@ class Attention(Layer):
         if self.fused:
             ops += [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
                       self._qkvo_elements(n) * num.act_bytes, num.matmul,
-                      alloc_bytes=out * num.act_bytes, kernel=self.kernel)]
+                      alloc_bytes=out * num.act_bytes, kernel=self.kernel,
+                      attention=self._shape(n))]
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("qk",), num)
@@ -109,7 +131,7 @@ class Attention(Layer):
             grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
             ops.append(Op(f"{self.name}.flash_bwd", "attention", 2.5 * self._fused_flops(n),
                           moved, num.matmul, alloc_bytes=grads, family="attention_backward",
-                          kernel=self.kernel))
+                          kernel=self.kernel, attention=self._shape(n)))
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("dv", "dp"), num)

@@ -72,6 +72,17 @@ class GemmShape:
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """A fused attention kernel's problem: ``batch`` independent (sample, head) pairs of
+    ``queries`` rows against ``keys``, with the causal mask or without."""
+
+    batch: int
+    queries: int
+    keys: int
+    causal: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One kernel: what it computes, how much, and where it belongs in the step.
 
@@ -101,6 +112,8 @@ class Op:
     # A named implementation whose own efficiency the calibration may state (attention:
     # flash2, cudnn, efficient); empty: the kind's default.
     kernel: str = ""
+    # A fused attention kernel's problem, which the cost model splits into tiles.
+    attention: AttentionShape | None = None
 
     def with_phase(self, phase: Phase) -> Op:
         return replace(self, phase=phase)
