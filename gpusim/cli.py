@@ -126,8 +126,12 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                                        "default: one built around --gpu")
     many.add_argument("--tp", type=numbers.count, default=1, help="tensor-parallel size")
     many.add_argument("--pp", type=numbers.count, default=1, help="pipeline-parallel stages")
+    many.add_argument("--cp", type=numbers.count, default=1,
+                      help="context parallelism: split each sequence over this many GPUs "
+                           "(attention gathers the others' keys and values; as torchtitan's "
+                           "--parallelism.context_parallel_degree)")
     many.add_argument("--dp", type=numbers.count,
-                      help="data-parallel size (default: GPUs / (TP x PP))")
+                      help="data-parallel size (default: GPUs / (TP x CP x PP))")
     many.add_argument("--microbatch-size", type=numbers.count,
                       help="samples per GPU per forward pass (default: batch / (DP x "
                            "grad-accum))")
@@ -311,7 +315,8 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "precision": args.precision, "seq_len": args.seq_len, "grad_accum": args.grad_accum,
         "optimizer": args.optimizer, "checkpointing": args.checkpointing, "frozen": frozen,
         "loader_workers": args.loader_workers, "num_gpus": num_gpus, "system": args.system,
-        "tp": args.tp, "pp": args.pp, "dp": args.dp, "microbatch_size": args.microbatch_size,
+        "tp": args.tp, "pp": args.pp, "dp": args.dp, "cp": args.cp,
+        "microbatch_size": args.microbatch_size,
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "pp_layers": args.pp_layers or (), "shard_group": args.shard_group or 0,
         "sequence_parallel": args.sequence_parallel,

@@ -206,17 +206,18 @@ def resolve_topology(gpu: str | DeviceProfile | None, system: str | SystemProfil
 
 
 def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
-                    dp: int | None = None, microbatch_size: int | None = None,
+                    dp: int | None = None, cp: int = 1, microbatch_size: int | None = None,
                     grad_accum: int = 1, **options: object) -> ParallelConfig:
-    """A ParallelConfig from what a user gives: DP defaults to the GPUs left over by TP x PP,
-    the microbatch to the global batch over DP x gradient accumulation."""
-    if tp < 1 or pp < 1:
-        raise InvalidConfig(f"--tp and --pp must be at least 1 (got {tp}, {pp})")
+    """A ParallelConfig from what a user gives: DP defaults to the GPUs left over by TP x CP
+    x PP, the microbatch to the global batch over DP x gradient accumulation."""
+    if tp < 1 or pp < 1 or cp < 1:
+        raise InvalidConfig(f"--tp, --pp and --cp must be at least 1 (got {tp}, {pp}, {cp})")
     if dp is None:
-        if num_gpus % (tp * pp):
-            raise InvalidConfig(f"{num_gpus} GPUs do not split into TP {tp} x PP {pp}; pick "
-                                f"sizes whose product divides the GPU count")
-        dp = num_gpus // (tp * pp)
+        if num_gpus % (tp * pp * cp):
+            split = f"TP {tp} x " + (f"CP {cp} x " if cp > 1 else "") + f"PP {pp}"
+            raise InvalidConfig(f"{num_gpus} GPUs do not split into {split}; pick sizes "
+                                f"whose product divides the GPU count")
+        dp = num_gpus // (tp * pp * cp)
     if microbatch_size is None:
         if batch_size % (dp * grad_accum):
             raise InvalidConfig(f"global batch {batch_size} does not split over DP {dp} x "
@@ -225,8 +226,8 @@ def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
     elif grad_accum != 1:
         raise InvalidConfig("give --microbatch-size or --grad-accum, not both (with a "
                             "microbatch size the accumulation follows from the batch)")
-    return ParallelConfig(tensor=tp, pipeline=pp, data=dp, microbatch_size=microbatch_size,
-                          **options)  # type: ignore[arg-type]
+    return ParallelConfig(tensor=tp, pipeline=pp, data=dp * cp, context=cp,
+                          microbatch_size=microbatch_size, **options)  # type: ignore[arg-type]
 
 
 Job = TrainingJob | ParallelJob
@@ -250,6 +251,7 @@ def build_job(
     tp: int = 1,
     pp: int = 1,
     dp: int | None = None,
+    cp: int = 1,
     microbatch_size: int | None = None,
     schedule: str = "1f1b",
     virtual_stages: int = 1,
@@ -289,7 +291,7 @@ def build_job(
     if num_gpus < 1:
         raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
     parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
-                or microbatch_size is not None)
+                or cp > 1 or microbatch_size is not None)
     if not parallel:
         if gpu is None:
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
@@ -303,7 +305,7 @@ def build_job(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
         return job, False
     topo, assumed = resolve_topology(gpu, system, num_gpus)
-    config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp,
+    config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp, cp=cp,
                              microbatch_size=1 if max_batch else microbatch_size,
                              grad_accum=1 if max_batch else grad_accum,
                              schedule=schedule, virtual_stages=virtual_stages, zero=zero,
@@ -315,7 +317,7 @@ def build_job(
                        stack=framework, offload=offload, quantized_base=quantized,
                        adapters_only=finetune != "full", fp8_recipe=fp8_recipe)
     if max_batch:
-        share = batch_size // config.data
+        share = batch_size * config.context // config.data
 
         def with_micro(m: int) -> ParallelJob:
             return replace(pjob, parallel=replace(config, microbatch_size=m))
@@ -361,6 +363,7 @@ def estimate(
     tp: int = 1,
     pp: int = 1,
     dp: int | None = None,
+    cp: int = 1,
     microbatch_size: int | None = None,
     schedule: str = "1f1b",
     virtual_stages: int = 1,
@@ -385,7 +388,8 @@ def estimate(
     lora_dropout: bool = False,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
-    ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``pp`` x ``dp`` (see ParallelConfig).
+    ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``cp`` x ``pp`` x ``dp`` (see
+    ParallelConfig; ``cp`` splits each sequence, gpusim.plan.context_parallel).
 
     ``batch_size`` is the global batch per optimizer step. The run's length comes from
     exactly one of ``steps``, ``tokens`` (language models) or ``epochs`` with
@@ -401,7 +405,7 @@ def estimate(
         model, gpu, batch_size, precision=precision, seq_len=seq_len, grad_accum=grad_accum,
         optimizer=optimizer, checkpointing=checkpointing, frozen=frozen,
         loader_workers=loader_workers, num_gpus=num_gpus, system=system, tp=tp, pp=pp, dp=dp,
-        microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
+        cp=cp, microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
         pp_layers=pp_layers, shard_group=shard_group,
         zero=zero, sequence_parallel=sequence_parallel,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,

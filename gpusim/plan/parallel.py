@@ -23,6 +23,7 @@ from gpusim.comm.topology import CommGroup
 from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
+from gpusim.plan.context_parallel import cp_collectives, split_sequence
 from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops, parameter_tensors
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.offload import offload_seconds
@@ -54,6 +55,8 @@ class Work:
     flops: float
     kernels: int
     active_s: float  # kernel time at the roofline limit (see cost/energy.py)
+    # Context-parallel K/V gathers and gradient reduce-scatters, before and after attention.
+    cp_comm_s: float = 0.0
     # Time the device waits for the host within the pass: where the host dispatches more
     # slowly than short kernels run, the queue runs dry (as the one-device engine finds it).
     stall_s: float = 0.0
@@ -63,7 +66,7 @@ class Work:
     @property
     def duration_s(self) -> float:
         # The host queues kernels ahead of the GPU; where it falls behind, the GPU waits.
-        return max(self.compute_s + self.tp_comm_s + self.stall_s,
+        return max(self.compute_s + self.tp_comm_s + self.cp_comm_s + self.stall_s,
                    self.host_s - self.host_lead_s)
 
 
@@ -136,7 +139,8 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
     n = job.parallel.microbatch_size
     device = job.topology.gpu
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
-    compute = recompute = comm = flops = active = 0.0
+    cp_group = job.topology.place(job.parallel.context, stride=job.parallel.tensor)
+    compute = recompute = comm = cp_comm = flops = active = 0.0
     # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
     gemm_s: dict[tuple[str, str], float] = defaultdict(float)
     passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
@@ -161,10 +165,12 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             comm += max(0.0, seconds - hidden)
+        for collective, size in cp_collectives(layers[name], phase, n, act):
+            cp_comm += collective_seconds(collective, cp_group, size)
     host = _host_seconds(ops, layers, cal, host_per_op)
     queue = queue or Queue()
     lead = max(0.0, queue.done - queue.dispatched)
-    return Work(compute, recompute, comm, sum(host), flops, len(ops), active,
+    return Work(compute, recompute, comm, sum(host), flops, len(ops), active, cp_comm,
                 queue.run(host, device_s), lead)
 
 
@@ -228,7 +234,8 @@ def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
         # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
         tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
     chunks[-1] = chunks[-1] + tail
-    return [tuple(shard_layer(la, p.tensor, p.sequence_parallel) for la in c) for c in chunks]
+    return [tuple(split_sequence(shard_layer(la, p.tensor, p.sequence_parallel), p.context)
+                  for la in c) for c in chunks]
 
 
 def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Calibration,
@@ -268,7 +275,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
     layer_chunks = _chunk_layers(job)
     cache = {} if cache is None else cache
-    shape = (p.tensor, p.microbatch_size, p.sequence_parallel, job.precision,
+    shape = (p.tensor, p.context, p.microbatch_size, p.sequence_parallel, job.precision,
              job.checkpointing, job.master_weights, cal.name)
     plans = []
     for index, layers in enumerate(layer_chunks):
@@ -305,6 +312,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     # ZeRO's gathers and reduce-scatters run inside the shard group (all of DP unless hybrid
     # sharding); hybrid sharding then all-reduces each gradient shard across the groups.
     groups["shard"] = job.topology.place(p.shard_ranks, stride=p.tensor)
+    groups["context"] = job.topology.place(p.context, stride=p.tensor)
     if p.shard_ranks < p.data:
         groups["replicate"] = job.topology.place(p.data // p.shard_ranks,
                                                  stride=p.tensor * p.shard_ranks)

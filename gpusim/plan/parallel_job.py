@@ -14,6 +14,7 @@ from typing import Literal
 from gpusim.comm.topology import Topology
 from gpusim.errors import InvalidConfig
 from gpusim.hardware.catalog import load_cpu
+from gpusim.plan.context_parallel import check_context
 from gpusim.plan.job import (
     Checkpointing,
     Optimizer,
@@ -57,6 +58,10 @@ class ParallelConfig:
     # ZeRO-3 hybrid sharding (HSDP): shard over groups of this many data-parallel ranks and
     # replicate across the groups (0: shard over all of them).
     shard_group: int = 0
+    # Context parallelism: of the ``data`` ranks, groups of this many (adjacent, inside a
+    # node) split each sample's sequence rather than take samples of their own. For weights
+    # and gradients they count as data-parallel ranks (gpusim.plan.context_parallel).
+    context: int = 1
 
     @property
     def shard_ranks(self) -> int:
@@ -64,7 +69,8 @@ class ParallelConfig:
         return self.shard_group or self.data
 
     def __post_init__(self) -> None:
-        for name in ("tensor", "pipeline", "data", "microbatch_size", "virtual_stages"):
+        for name in ("tensor", "pipeline", "data", "microbatch_size", "virtual_stages",
+                     "context"):
             value = getattr(self, name)
             if value < 1:
                 raise InvalidConfig(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
@@ -83,6 +89,11 @@ class ParallelConfig:
             if self.virtual_stages > 1:
                 raise InvalidConfig("--pp-layers gives whole stages; it does not combine with "
                                     "--virtual-stages")
+        if self.data % self.context:
+            raise InvalidConfig(f"context parallelism {self.context} does not divide the "
+                                f"{self.data} data-parallel ranks")
+        if self.context > 1 and self.shard_group:
+            raise InvalidConfig("--cp does not combine with --shard-group yet")
         if self.shard_group:
             if self.zero != 3:
                 raise InvalidConfig("--shard-group shards like FSDP inside each group: it "
@@ -109,8 +120,9 @@ class ParallelConfig:
         return self.tensor * self.pipeline * self.data
 
     def describe(self) -> str:
-        text = (f"TP {self.tensor} x PP {self.pipeline} x DP {self.data}, microbatch "
-                f"{self.microbatch_size}")
+        cp = f"CP {self.context} x " if self.context > 1 else ""
+        text = (f"TP {self.tensor} x {cp}PP {self.pipeline} x DP {self.data // self.context}, "
+                f"microbatch {self.microbatch_size}")
         if self.pipeline > 1:  # a schedule orders the stages; one stage has nothing to order
             text += f", {self.schedule}"
         if self.virtual_stages > 1:
@@ -158,11 +170,11 @@ class ParallelJob:
                 f"TP {p.tensor} x PP {p.pipeline} x DP {p.data} = {p.num_gpus} GPUs, but the "
                 f"job has {self.topology.num_gpus}; make the product equal --num-gpus"
             )
-        per_step = p.microbatch_size * p.data
+        per_step = p.microbatch_size * p.data // p.context
         if self.batch_size % per_step:
             raise InvalidConfig(
                 f"global batch {self.batch_size} is not a multiple of microbatch "
-                f"{p.microbatch_size} x DP {p.data} = {per_step}"
+                f"{p.microbatch_size} x DP {p.data // p.context} = {per_step}"
             )
         if p.schedule == "interleaved" and self.microbatches % p.pipeline:
             raise InvalidConfig(
@@ -174,12 +186,14 @@ class ParallelJob:
             object.__setattr__(self, "checkpointing", parse_recompute(self.checkpointing))
         if p.tensor > 1 or p.pipeline > 1:
             _check_splits(self.model, p)
+        check_context(self.model, p.context)
         _ = self.whole  # checks precision against the GPU, checkpointing, frozen names, ...
 
     @property
     def microbatches(self) -> int:
         """Microbatches each pipeline runs per step (gradient accumulation when PP is 1)."""
-        return self.batch_size // (self.parallel.microbatch_size * self.parallel.data)
+        p = self.parallel
+        return self.batch_size * p.context // (p.microbatch_size * p.data)
 
     @property
     def host_cores_per_replica(self) -> int | None:

@@ -85,12 +85,11 @@ def _stack(case: dict[str, Any]) -> str:
 def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     """(estimate keywords, what the prediction leaves out, why it cannot run or '')."""
     t, p = case["training"], case["training"]["parallelism"]
-    if int(p.get("cp", 1)) > 1:
-        return {}, (), "context parallelism is not modelled yet"
     gpus = int(case["hardware"]["num_gpus"])
     seq = int(t["seq_len"])
     tp, pp, vp = int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("vp", 1))
-    dp = gpus // (tp * pp)
+    cp = int(p.get("cp", 1))
+    dp = gpus // (tp * pp * cp)
     micro = int(t["local_batch_size"])
     batch = int(t.get("global_batch_size") or micro * dp * int(t.get("grad_accum", 1)))
     precision = "fp8" if str(t["precision"]).startswith("fp8") else "bf16"
@@ -103,7 +102,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     kwargs: dict[str, Any] = {
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
-        "tp": tp, "pp": pp, "microbatch_size": micro, "optimizer": "adamw",
+        "tp": tp, "pp": pp, "cp": cp, "microbatch_size": micro, "optimizer": "adamw",
         "checkpointing": RECOMPUTE.get(str(t.get("activation_checkpointing", "none")), "none"),
         "stack": stack, "fp8_recipe": "tensorwise",
         "zero": 3 if int(p.get("dp_shard", 1)) > 1 else 1,
