@@ -130,6 +130,10 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="context parallelism: split each sequence over this many GPUs "
                            "(attention gathers the others' keys and values; as torchtitan's "
                            "--parallelism.context_parallel_degree)")
+    many.add_argument("--ep", type=numbers.count, default=1,
+                      help="expert parallelism: each group of this many data-parallel GPUs "
+                           "holds a share of every MoE layer's experts and exchanges tokens "
+                           "by all-to-all")
     many.add_argument("--dp", type=numbers.count,
                       help="data-parallel size (default: GPUs / (TP x CP x PP))")
     many.add_argument("--microbatch-size", type=numbers.count,
@@ -315,7 +319,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "precision": args.precision, "seq_len": args.seq_len, "grad_accum": args.grad_accum,
         "optimizer": args.optimizer, "checkpointing": args.checkpointing, "frozen": frozen,
         "loader_workers": args.loader_workers, "num_gpus": num_gpus, "system": args.system,
-        "tp": args.tp, "pp": args.pp, "dp": args.dp, "cp": args.cp,
+        "tp": args.tp, "pp": args.pp, "dp": args.dp, "cp": args.cp, "ep": args.ep,
         "microbatch_size": args.microbatch_size,
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "pp_layers": args.pp_layers or (), "shard_group": args.shard_group or 0,

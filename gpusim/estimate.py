@@ -206,7 +206,8 @@ def resolve_topology(gpu: str | DeviceProfile | None, system: str | SystemProfil
 
 
 def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
-                    dp: int | None = None, cp: int = 1, microbatch_size: int | None = None,
+                    dp: int | None = None, cp: int = 1, ep: int = 1,
+                    microbatch_size: int | None = None,
                     grad_accum: int = 1, **options: object) -> ParallelConfig:
     """A ParallelConfig from what a user gives: DP defaults to the GPUs left over by TP x CP
     x PP, the microbatch to the global batch over DP x gradient accumulation."""
@@ -226,7 +227,7 @@ def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
     elif grad_accum != 1:
         raise InvalidConfig("give --microbatch-size or --grad-accum, not both (with a "
                             "microbatch size the accumulation follows from the batch)")
-    return ParallelConfig(tensor=tp, pipeline=pp, data=dp * cp, context=cp,
+    return ParallelConfig(tensor=tp, pipeline=pp, data=dp * cp, context=cp, expert=ep,
                           microbatch_size=microbatch_size, **options)  # type: ignore[arg-type]
 
 
@@ -252,6 +253,7 @@ def build_job(
     pp: int = 1,
     dp: int | None = None,
     cp: int = 1,
+    ep: int = 1,
     microbatch_size: int | None = None,
     schedule: str = "1f1b",
     virtual_stages: int = 1,
@@ -291,7 +293,7 @@ def build_job(
     if num_gpus < 1:
         raise InvalidConfig(f"--num-gpus must be at least 1 (got {num_gpus})")
     parallel = (num_gpus > 1 or system is not None or tp > 1 or pp > 1 or (dp or 1) > 1
-                or cp > 1 or microbatch_size is not None)
+                or cp > 1 or ep > 1 or microbatch_size is not None)
     if not parallel:
         if gpu is None:
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
@@ -305,7 +307,7 @@ def build_job(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
         return job, False
     topo, assumed = resolve_topology(gpu, system, num_gpus)
-    config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp, cp=cp,
+    config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                              microbatch_size=1 if max_batch else microbatch_size,
                              grad_accum=1 if max_batch else grad_accum,
                              schedule=schedule, virtual_stages=virtual_stages, zero=zero,
@@ -364,6 +366,7 @@ def estimate(
     pp: int = 1,
     dp: int | None = None,
     cp: int = 1,
+    ep: int = 1,
     microbatch_size: int | None = None,
     schedule: str = "1f1b",
     virtual_stages: int = 1,
@@ -405,7 +408,8 @@ def estimate(
         model, gpu, batch_size, precision=precision, seq_len=seq_len, grad_accum=grad_accum,
         optimizer=optimizer, checkpointing=checkpointing, frozen=frozen,
         loader_workers=loader_workers, num_gpus=num_gpus, system=system, tp=tp, pp=pp, dp=dp,
-        cp=cp, microbatch_size=microbatch_size, schedule=schedule, virtual_stages=virtual_stages,
+        cp=cp, ep=ep, microbatch_size=microbatch_size, schedule=schedule,
+        virtual_stages=virtual_stages,
         pp_layers=pp_layers, shard_group=shard_group,
         zero=zero, sequence_parallel=sequence_parallel,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,

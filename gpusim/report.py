@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpusim import units
 from gpusim.sim.trace import Trace
 
+# Parts of the step breakdown printed only when the job has them (JSON keeps every key).
+SHOWN_WHEN_USED = frozenset({"context_parallel_comm", "expert_parallel_comm"})
+
 
 class StepResult(BaseModel):
     """One optimizer step on one device."""
@@ -163,6 +166,8 @@ class TrainingEstimate(BaseModel):
             "  step breakdown",
         ]
         for key, seconds in s.breakdown_s.items():
+            if key in SHOWN_WHEN_USED and not seconds:
+                continue
             share = 100 * seconds / s.step_time_s if s.step_time_s else 0.0
             lines.append(f"    {key.replace('_', ' '):<22}{units.human_seconds(seconds):>10}"
                          f"  {share:5.1f} %")

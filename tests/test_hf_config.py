@@ -89,8 +89,12 @@ def test_gemma_is_a_tied_gated_gelu_model() -> None:
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"model_type": "mixtral", **{k: v for k, v in LLAMA3_8B.items() if k != "model_type"}},
-     "mixture of experts"),
+    ({"model_type": "deepseek_v3", **{k: v for k, v in LLAMA3_8B.items()
+                                       if k != "model_type"}}, "mixture of experts"),
+    ({**LLAMA3_8B, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 768, "mlp_only_layers": [0]}, "dense blocks"),
+    ({**LLAMA3_8B, "model_type": "mixtral", "num_experts_per_tok": 2},
+     "num_local_experts is missing"),
     ({"model_type": "mamba", "hidden_size": 768}, "unknown model_type 'mamba'"),
     ({"hidden_size": 768}, "expected a 'transformer' mapping"),
     ({**LLAMA3_8B, "num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
@@ -124,7 +128,7 @@ def test_malformed_config_files_are_one_line_errors(tmp_path: Path, text: str,
 
 
 SHIPPED = sorted(data_dir("models").glob("*.yaml"))
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+MOE = ("deepseek_v3",)  # mixtures of experts gpusim cannot build yet
 
 
 def _counted(model: Model, counts: str) -> int:

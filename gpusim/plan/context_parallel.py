@@ -21,6 +21,7 @@ from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Elementwise, Layer, Linear
 from gpusim.workload.lora import LoraAdapter
 from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE
 
 
 def check_context(model: Model, context: int) -> None:
@@ -41,7 +42,7 @@ def check_context(model: Model, context: int) -> None:
                                 "kernels; math (unfused) attention cannot be split (use "
                                 "--attention auto or a fused kernel)")
         if not isinstance(layer, (Attention, CrossEntropy, Embedding, Elementwise, Linear,
-                                  LoraAdapter)):
+                                  LoraAdapter, MoE)):
             raise InvalidConfig(f"context parallelism cannot split {layer.name} "
                                 f"({type(layer).__name__})")
 
@@ -53,7 +54,7 @@ def split_sequence(layer: Layer, context: int) -> Layer:
         return layer
     if isinstance(layer, Attention):
         return replace(layer, seq=layer.seq // context, kv_seq=layer.keys)
-    if isinstance(layer, (Linear, LoraAdapter, Embedding, CrossEntropy)):
+    if isinstance(layer, (Linear, LoraAdapter, Embedding, CrossEntropy, MoE)):
         return replace(layer, rows=math.ceil(layer.rows / context))
     if isinstance(layer, Elementwise):
         return replace(layer, elements=math.ceil(layer.elements / context))

@@ -24,14 +24,16 @@ from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.plan.context_parallel import cp_collectives, split_sequence
+from gpusim.plan.expert_parallel import expert_share, hold_experts
 from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops, parameter_tensors
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.offload import offload_seconds
-from gpusim.plan.parallel_job import ParallelJob
+from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
 from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
+from gpusim.workload.moe import ep_collectives
 from gpusim.workload.ops import Op
 
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
@@ -57,6 +59,8 @@ class Work:
     active_s: float  # kernel time at the roofline limit (see cost/energy.py)
     # Context-parallel K/V gathers and gradient reduce-scatters, before and after attention.
     cp_comm_s: float = 0.0
+    # Expert-parallel all-to-alls, sending tokens to their experts' ranks and back.
+    ep_comm_s: float = 0.0
     # Time the device waits for the host within the pass: where the host dispatches more
     # slowly than short kernels run, the queue runs dry (as the one-device engine finds it).
     stall_s: float = 0.0
@@ -66,8 +70,8 @@ class Work:
     @property
     def duration_s(self) -> float:
         # The host queues kernels ahead of the GPU; where it falls behind, the GPU waits.
-        return max(self.compute_s + self.tp_comm_s + self.cp_comm_s + self.stall_s,
-                   self.host_s - self.host_lead_s)
+        return max(self.compute_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s
+                   + self.stall_s, self.host_s - self.host_lead_s)
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,8 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
     device = job.topology.gpu
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
     cp_group = job.topology.place(job.parallel.context, stride=job.parallel.tensor)
-    compute = recompute = comm = cp_comm = flops = active = 0.0
+    ep_group = job.topology.place(job.parallel.expert, stride=job.parallel.tensor)
+    compute = recompute = comm = cp_comm = ep_comm = flops = active = 0.0
     # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
     gemm_s: dict[tuple[str, str], float] = defaultdict(float)
     passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
@@ -167,11 +172,13 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
             comm += max(0.0, seconds - hidden)
         for collective, size in cp_collectives(layers[name], phase, n, act):
             cp_comm += collective_seconds(collective, cp_group, size)
+        for collective, size in ep_collectives(layers[name], phase, n, act):
+            ep_comm += collective_seconds(collective, ep_group, size)
     host = _host_seconds(ops, layers, cal, host_per_op)
     queue = queue or Queue()
     lead = max(0.0, queue.done - queue.dispatched)
     return Work(compute, recompute, comm, sum(host), flops, len(ops), active, cp_comm,
-                queue.run(host, device_s), lead)
+                ep_comm, queue.run(host, device_s), lead)
 
 
 @dataclass
@@ -234,7 +241,8 @@ def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
         # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
         tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
     chunks[-1] = chunks[-1] + tail
-    return [tuple(split_sequence(shard_layer(la, p.tensor, p.sequence_parallel), p.context)
+    return [tuple(hold_experts(split_sequence(shard_layer(la, p.tensor, p.sequence_parallel),
+                                              p.context), p.expert)
                   for la in c) for c in chunks]
 
 
@@ -275,7 +283,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
     layer_chunks = _chunk_layers(job)
     cache = {} if cache is None else cache
-    shape = (p.tensor, p.context, p.microbatch_size, p.sequence_parallel, job.precision,
+    shape = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel, job.precision,
              job.checkpointing, job.master_weights, cal.name)
     plans = []
     for index, layers in enumerate(layer_chunks):
@@ -294,7 +302,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
                             tuple(la for c in chunks for la in c.layers), job.model.input,
                             job.model.family)
         opt_job = job.stage_job(stage_model)
-        shard = 1 / p.shard_ranks if p.zero >= 1 else 1.0
+        shard = zero_shard(p, stage_model.layers) if p.zero >= 1 else 1.0
         opt_ops = optimizer_ops(opt_job)
         optimizer_s = sum(kernel_cost(op, job.topology.gpu, cal).seconds
                           for op in opt_ops) * shard
@@ -313,6 +321,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     # sharding); hybrid sharding then all-reduces each gradient shard across the groups.
     groups["shard"] = job.topology.place(p.shard_ranks, stride=p.tensor)
     groups["context"] = job.topology.place(p.context, stride=p.tensor)
+    groups["expert"] = job.topology.place(p.expert, stride=p.tensor)
     if p.shard_ranks < p.data:
         groups["replicate"] = job.topology.place(p.data // p.shard_ranks,
                                                  stride=p.tensor * p.shard_ranks)
@@ -320,6 +329,13 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
         # The first and last stage's ranks of one tensor slice, (PP - 1) x TP x DP apart.
         groups["embedding"] = job.topology.place(2, stride=(p.pipeline - 1) * p.tensor * p.data)
     return ParallelPlan(job, tuple(stages), groups, cal)
+
+
+def zero_shard(p: ParallelConfig, layers: tuple[Layer, ...]) -> float:
+    """The fraction of a rank's weight-sized state ZeRO leaves it: 1/shard ranks, but an
+    expert's state lives on shard/EP ranks only (the others hold other experts)."""
+    f = expert_share(layers)
+    return ((1 - f) + f * p.expert) / p.shard_ranks
 
 
 def tied_embedding_params(job: ParallelJob) -> int:
@@ -345,7 +361,7 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
                 job.model.family, job.model.tokens_per_sample)
     base = memory_plan(job.stage_job(sub, first=stage.stage == 0))
     tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
-    shard = 1.0 / p.shard_ranks
+    shard = zero_shard(p, layers)
     gathered = 0.0
     if p.zero == 3:
         # The gathered weights of the running unit and of the prefetched next one, in the

@@ -15,6 +15,7 @@ from gpusim.comm.topology import Topology
 from gpusim.errors import InvalidConfig
 from gpusim.hardware.catalog import load_cpu
 from gpusim.plan.context_parallel import check_context
+from gpusim.plan.expert_parallel import check_experts
 from gpusim.plan.job import (
     Checkpointing,
     Optimizer,
@@ -62,6 +63,9 @@ class ParallelConfig:
     # node) split each sample's sequence rather than take samples of their own. For weights
     # and gradients they count as data-parallel ranks (gpusim.plan.context_parallel).
     context: int = 1
+    # Expert parallelism: groups of this many data-parallel ranks (adjacent, inside a node)
+    # each hold 1/expert of every MoE layer's experts and exchange tokens by all-to-all.
+    expert: int = 1
 
     @property
     def shard_ranks(self) -> int:
@@ -70,7 +74,7 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for name in ("tensor", "pipeline", "data", "microbatch_size", "virtual_stages",
-                     "context"):
+                     "context", "expert"):
             value = getattr(self, name)
             if value < 1:
                 raise InvalidConfig(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
@@ -91,6 +95,9 @@ class ParallelConfig:
                                     "--virtual-stages")
         if self.data % self.context:
             raise InvalidConfig(f"context parallelism {self.context} does not divide the "
+                                f"{self.data} data-parallel ranks")
+        if self.data % self.expert:
+            raise InvalidConfig(f"expert parallelism {self.expert} does not divide the "
                                 f"{self.data} data-parallel ranks")
         if self.context > 1 and self.shard_group:
             raise InvalidConfig("--cp does not combine with --shard-group yet")
@@ -127,6 +134,8 @@ class ParallelConfig:
             text += f", {self.schedule}"
         if self.virtual_stages > 1:
             text += f" ({self.virtual_stages} virtual stages)"
+        if self.expert > 1:
+            text += f", EP {self.expert}"
         if self.zero:
             text += f", ZeRO-{self.zero}"
         if self.shard_group and self.shard_group < self.data:
@@ -187,6 +196,7 @@ class ParallelJob:
         if p.tensor > 1 or p.pipeline > 1:
             _check_splits(self.model, p)
         check_context(self.model, p.context)
+        check_experts(self.model, p.expert)
         _ = self.whole  # checks precision against the GPU, checkpointing, frozen names, ...
 
     @property

@@ -19,6 +19,7 @@ from typing import Literal
 from gpusim.comm.collectives import Collective
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Elementwise, Layer, Linear
+from gpusim.workload.moe import MoE
 from gpusim.workload.ops import DTYPE_BYTES
 
 
@@ -40,6 +41,9 @@ def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
     if isinstance(layer, Attention):
         kv = layer.kv_heads or layer.heads
         return replace(layer, heads=layer.heads // t, kv_heads=max(1, kv // t))
+    if isinstance(layer, MoE):  # each expert's MLP split as a dense one (expert TP = TP)
+        return replace(layer, ffn=math.ceil(layer.ffn / t),
+                       shared_ffn=math.ceil(layer.shared_ffn / t))
     if isinstance(layer, Embedding):
         return replace(layer, num_embeddings=math.ceil(layer.num_embeddings / t))
     if isinstance(layer, CrossEntropy):
@@ -66,6 +70,13 @@ def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: 
         size = n * layer.rows * layer.dim * act
         return [] if phase == "backward" else [
             ("reduce_scatter" if sp else "all_reduce", size, None)]
+    if isinstance(layer, MoE):  # as the column- and row-parallel pair of a dense MLP
+        size = n * layer.rows * layer.hidden * act
+        if phase == "backward":
+            return ([("all_gather", size, None), ("reduce_scatter", size, None)] if sp
+                    else [("all_reduce", size, None)])
+        return ([("all_gather", size, None), ("reduce_scatter", size, None)] if sp
+                else [("all_reduce", size, None)])
     if not isinstance(layer, Linear):
         return []
     if layer.tp == "row":

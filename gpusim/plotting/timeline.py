@@ -29,6 +29,7 @@ PHASE_COLORS = {
     "optimizer": "#55A868", "input": "#C44E52", "input_pipeline": "#C44E52",
     "dispatch": "#937860", "host_dispatch": "#937860", "sync": "#8C8C8C",
     "tensor_parallel_comm": "#DA8BC3", "context_parallel_comm": "#F1A7D8",
+    "expert_parallel_comm": "#B07AA1",
     "pipeline_comm": "#17BECF",
     "data_parallel_comm": "#BCBD22", "comm_slowdown": "#E8E89A", "pipeline_bubble": "#D9D9D9",
     "gpu_idle": "#D9D9D9",
@@ -39,6 +40,7 @@ LABELS = {
     "pipeline_comm": "pipeline send/recv", "data_parallel_comm": "data-parallel comm",
     "tensor_parallel_comm": "tensor-parallel comm", "gpu_idle": "GPU idle",
     "context_parallel_comm": "context-parallel comm (K/V gathers)",
+    "expert_parallel_comm": "expert-parallel comm (token all-to-alls)",
     "comm_slowdown": "kernels slowed by communication",
 }
 MAX_STAGES = 8  # more stages than this are sampled evenly; 3 rows each stay legible

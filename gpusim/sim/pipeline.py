@@ -55,7 +55,7 @@ from gpusim.sim.shared_link import SharedLink
 from gpusim.sim.trace import Trace, TraceEvent
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tensor_parallel_comm",
-                  "context_parallel_comm",
+                  "context_parallel_comm", "expert_parallel_comm",
                   "pipeline_bubble", "pipeline_comm", "data_parallel_comm", "comm_slowdown",
                   "host_dispatch", "optimizer")
 
@@ -147,7 +147,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
 
     def duration(work: Work, unit: tuple[int, int]) -> float:
         busy = (work.compute_s * slow_compute[unit]
-                + (work.tp_comm_s + work.cp_comm_s) * slow_link[unit])
+                + (work.tp_comm_s + work.cp_comm_s + work.ep_comm_s) * slow_link[unit])
         return max(busy + work.stall_s, work.host_s - work.host_lead_s)
 
     def track(unit: tuple[int, int], stream: str) -> str:
@@ -286,8 +286,9 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             length = duration(work, unit)
             # The GPU waiting for the host (queue run dry, or a host-bound pass throughout).
             cp = work.cp_comm_s * slow_link[unit]
+            ep = work.ep_comm_s * slow_link[unit]
             host_wait = max(0.0, length - work.compute_s * slow_compute[unit]
-                            - work.tp_comm_s * slow_link[unit] - cp)
+                            - work.tp_comm_s * slow_link[unit] - cp - ep)
             if t.kind == "B" and par.data > 1:  # gradient buckets fill as the pass runs
                 if par.zero >= 2:
                     pending += bucketed(unit, chunk, "reduce_scatter", start, length)
@@ -321,13 +322,14 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             tp = shared_tp
             info.acct["host_dispatch"] += host_wait
             if t.kind == "F":
-                info.acct["forward"] += length - tp - cp - host_wait
+                info.acct["forward"] += length - tp - cp - ep - host_wait
             else:
                 recompute = work.recompute_s * slow_compute[unit]
                 info.acct["recompute"] += recompute
-                info.acct["backward"] += length - tp - cp - recompute - host_wait
+                info.acct["backward"] += length - tp - cp - ep - recompute - host_wait
             info.acct["tensor_parallel_comm"] += tp
             info.acct["context_parallel_comm"] += cp
+            info.acct["expert_parallel_comm"] += ep
             record(track(unit, "compute"),
                    f"{t.kind}{t.micro}" + (f".{t.chunk}" if v > 1 else ""),
                    start, "forward" if t.kind == "F" else "backward")

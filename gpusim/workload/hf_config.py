@@ -34,11 +34,18 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
                                      "soft-capping not modelled"},
     "gemma3_text": {"tied": True, "note": "post-attention and post-MLP norms and per-head "
                                           "q/k norms not modelled"},
+    # mixtures of experts: every block's MLP replaced by routed experts
+    "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
+    "qwen2_moe": {"qkv_bias": True, "experts": "num_experts",
+                  "expert_ffn": "moe_intermediate_size",
+                  "shared_ffn": "shared_expert_intermediate_size",
+                  "note": "the shared expert's sigmoid gate not modelled"},
+    "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
+                  "note": "per-head q/k RMS norms not modelled"},
 }
 _OTHERS = ("gpt2", "gpt_neox", "bert", "roberta")
 _NOT_YET = {
-    "mixtral": "a mixture of experts", "qwen2_moe": "a mixture of experts",
-    "qwen3_moe": "a mixture of experts", "deepseek_v2": "a mixture of experts with MLA "
+    "deepseek_v2": "a mixture of experts with MLA "
     "attention", "deepseek_v3": "a mixture of experts with MLA attention",
     "t5": "an encoder-decoder", "vit": "a vision transformer", "clip_vision_model":
     "a vision transformer", "clip": "a vision and text pair",
@@ -138,6 +145,20 @@ def _activation(act: str, gated: bool, source: str) -> str:
                        f"(silu or gelu variants are)")
 
 
+def _experts(f: _Fields, family: dict[str, Any], source: str) -> dict[str, Any]:
+    """A mixture-of-experts family's expert fields; every block must be sparse."""
+    if f.count("decoder_sparse_step", default=1) != 1 or f.data.get("mlp_only_layers"):
+        raise InvalidModel(f"{source}: dense blocks among the sparse ones (decoder_sparse_step "
+                           f"or mlp_only_layers) are not modelled; every block must have "
+                           f"experts")
+    fields: dict[str, Any] = {"experts": f.need(family["experts"]),
+                              "top_k": f.need("num_experts_per_tok"),
+                              "moe_ffn": f.need(family["expert_ffn"])}
+    if "shared_ffn" in family:
+        fields["shared_ffn"] = f.count(family["shared_ffn"], default=0) or 0
+    return fields
+
+
 def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = None,
                         seq_len: int | None = None, repo: str = "") -> TransformerConfig:
     """The TransformerConfig of a Hugging Face config mapping (``model_type`` and its
@@ -169,6 +190,8 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
             qkv_bias=f.flag("attention_bias", family.get("qkv_bias", False)),
         )
         note = family.get("note", "")
+        if "experts" in family:
+            fields.update(_experts(f, family, source))
     elif kind == "gpt2":
         hidden = f.need("n_embd")
         fields.update(

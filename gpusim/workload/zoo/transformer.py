@@ -25,6 +25,7 @@ from gpusim.workload.layers import (
     swiglu,
 )
 from gpusim.workload.model import InputSpec, Model
+from gpusim.workload.moe import MoE
 from gpusim.workload.zoo.vision import IMAGENET_INPUT
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -63,6 +64,13 @@ class TransformerConfig(BaseModel):
                                                    "differs from the other linears' (Qwen2)")
     dropout: bool = False
     fused_attention: bool = True
+    # Mixture of experts (gpusim.workload.moe): every block's MLP becomes ``experts`` expert
+    # MLPs of ``moe_ffn`` each (default ffn_hidden), ``top_k`` per token, beside shared
+    # experts of ``shared_ffn`` in all (0: none)
+    experts: int = Field(0, ge=0)
+    top_k: PosInt = 2
+    moe_ffn: PosInt | None = None
+    shared_ffn: int = Field(0, ge=0)
     type_vocab: int = Field(0, ge=0, description="BERT token-type embeddings")
     description: str = ""
     source: str = ""
@@ -75,6 +83,8 @@ class TransformerConfig(BaseModel):
             )
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k {self.top_k} is more than the {self.experts} experts")
         return self
 
     @property
@@ -138,6 +148,9 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
             _split(act(f"{b}.mlp.act", s * cfg.ffn, block=b), "sharded"),
             Linear(f"{b}.mlp.down", cfg.ffn, h, s, cfg.bias, block=b, tp="row"),
         ]
+        if cfg.experts:
+            mlp = [MoE(f"{b}.moe", h, cfg.moe_ffn or cfg.ffn, cfg.experts, cfg.top_k, s,
+                       gated=gated, shared_ffn=cfg.shared_ffn, block=b, tp="sharded")]
         if cfg.dropout:
             mlp.append(_split(dropout(f"{b}.mlp.dropout", s * h, block=b), "sequence"))
         mlp.append(_split(residual_add(f"{b}.mlp.add", s * h, block=b), "sequence"))

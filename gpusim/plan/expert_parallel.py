@@ -1,0 +1,43 @@
+"""Expert parallelism: each of ``expert`` ranks holds 1/expert of every MoE layer's experts.
+
+The ranks are data-parallel ranks (Megatron-LM and torchtitan carve the expert group out of
+them): each routes its own tokens, sends every copy to the rank holding its expert
+(all-to-all) and takes the results back (gpusim.workload.moe.ep_collectives). An expert's
+weights live on data/expert ranks only, so ZeRO and FSDP shard them over that many, and
+their gradients are reduced among those ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpusim.errors import InvalidConfig
+from gpusim.workload.layers import Layer
+from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE
+
+
+def check_experts(model: Model, expert: int) -> None:
+    if expert == 1:
+        return
+    moes = [la for la in model.layers if isinstance(la, MoE)]
+    if not moes:
+        raise InvalidConfig(f"expert parallelism splits experts; {model.name} has no mixture "
+                            f"of experts (use --ep 1)")
+    if moes[0].experts % expert:
+        raise InvalidConfig(f"{model.name} has {moes[0].experts} experts per layer, which do "
+                            f"not split over EP {expert}; pick an EP that divides them")
+
+
+def hold_experts(layer: Layer, expert: int) -> Layer:
+    """The part of ``layer`` one expert-parallel rank holds."""
+    if expert == 1 or not isinstance(layer, MoE):
+        return layer
+    return replace(layer, local_experts=layer.experts // expert)
+
+
+def expert_share(layers: tuple[Layer, ...] | list[Layer]) -> float:
+    """The fraction of these layers' parameters (as one rank holds them) that are experts."""
+    total = sum(la.params for la in layers)
+    experts = sum(la.expert_params for la in layers if isinstance(la, MoE))
+    return experts / total if total else 0.0

@@ -1,0 +1,175 @@
+"""Mixture of experts: a router sends each token to ``top_k`` of ``experts`` expert MLPs.
+
+Costed as the dropless grouped-GEMM path that Megatron-LM (``--moe-grouped-gemm``) and
+torchtitan run: the router's product and top-k, a gather of every token's copies into expert
+order, each expert's products over the tokens routed to it (one batched product per
+projection), the gated activation, and a weighted scatter back. Routing is taken as balanced
+(the load-balancing loss's aim): every expert sees ``tokens x top_k / experts`` rows.
+Shared experts (DeepSeek, Qwen2-MoE) run on every token as a dense MLP beside them.
+
+Under expert parallelism (``ep`` ranks, ``local_experts`` each) a rank computes its own
+experts over every rank's tokens routed to them, exchanged by all-to-alls before and after
+(``ep_collectives``); with balanced routing that is as many rows as its own tokens x top_k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpusim.comm.collectives import Collective
+from gpusim.workload.layers import Layer
+from gpusim.workload.numerics import Numerics
+from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
+
+
+@dataclass(frozen=True)
+class MoE(Layer):
+    hidden: int
+    ffn: int  # each expert's hidden size
+    experts: int
+    top_k: int
+    rows: int = 1  # tokens per sample
+    gated: bool = True  # SwiGLU experts (up and gate projections)
+    shared_ffn: int = 0  # hidden size of the always-on shared experts (0: none)
+    local_experts: int = 0  # experts this rank holds under expert parallelism (0: all)
+
+    @property
+    def held(self) -> int:
+        return self.local_experts or self.experts
+
+    @property
+    def _up(self) -> int:
+        return 2 * self.ffn if self.gated else self.ffn
+
+    @property
+    def _shared_up(self) -> int:
+        return 2 * self.shared_ffn if self.gated else self.shared_ffn
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of the experts this rank holds (what expert parallelism divides)."""
+        return self.held * (self._up + self.ffn) * self.hidden
+
+    @property
+    def params(self) -> int:
+        router = self.hidden * self.experts
+        shared = (self._shared_up + self.shared_ffn) * self.hidden
+        return router + shared + self.expert_params
+
+    def tensor_sizes(self) -> list[int]:
+        # the router, then each projection's experts stacked in one tensor (grouped GEMM)
+        sizes = [self.hidden * self.experts, self.held * self._up * self.hidden,
+                 self.held * self.ffn * self.hidden]
+        if self.shared_ffn:
+            sizes += [self._shared_up * self.hidden, self.shared_ffn * self.hidden]
+        return sizes
+
+    @property
+    def out_elements(self) -> int:
+        return self.rows * self.hidden
+
+    @property
+    def ep(self) -> int:
+        return self.experts // self.held
+
+    def _routed(self, n: int) -> int:
+        """Token copies this rank's experts compute (every rank's, routed to them)."""
+        return n * self.rows * self.top_k
+
+    def _expert(self, tag: str, n: int, out: int, inner: int, layout: str,
+                num: Numerics) -> Op:
+        per_expert = max(1, self._routed(n) // self.held)
+        shape = GemmShape(per_expert, out, inner, batch=self.held, layout=layout)
+        return gemm_op(f"{self.name}.{tag}", shape, num.matmul, num.act_bytes)
+
+    def _dense(self, tag: str, m: int, out: int, inner: int, layout: str,
+               num: Numerics) -> Op:
+        return gemm_op(f"{self.name}.{tag}", GemmShape(m, out, inner, layout=layout),
+                       num.matmul, num.act_bytes)
+
+    def forward(self, n: int, num: Numerics) -> list[Op]:
+        t, h, e = n * self.rows, self.hidden, self._routed(n)
+        a = num.act_bytes
+        ops = [
+            self._dense("router", t, self.experts, h, "nt", num),
+            # softmax over the experts and top-k, in fp32: scores in, weights and indices out
+            memory_op(f"{self.name}.topk", t * self.experts, 2 * t * self.top_k,
+                      DTYPE_BYTES["fp32"], 5),
+            memory_op(f"{self.name}.permute", e * h, e * h, a, 0),
+            self._expert("experts_up", n, self._up, h, "nt", num),
+            memory_op(f"{self.name}.act", (2 if self.gated else 1) * e * self.ffn,
+                      e * self.ffn, a, 6),
+            self._expert("experts_down", n, h, self.ffn, "nt", num),
+            # each copy scaled by its routing weight and summed back into its token
+            memory_op(f"{self.name}.unpermute", e * h, t * h, a, 2),
+        ]
+        if self.shared_ffn:
+            ops += [self._dense("shared_up", t, self._shared_up, h, "nt", num),
+                    memory_op(f"{self.name}.shared_act", 2 * t * self.shared_ffn,
+                              t * self.shared_ffn, a, 6),
+                    self._dense("shared_down", t, h, self.shared_ffn, "nt", num),
+                    memory_op(f"{self.name}.shared_add", 2 * t * h, t * h, a, 1)]
+        return self._tag(ops)
+
+    def backward_input(self, n: int, num: Numerics) -> list[Op]:
+        t, h, e = n * self.rows, self.hidden, self._routed(n)
+        a = num.act_bytes
+        ops = [
+            memory_op(f"{self.name}.unpermute_bwd", t * h + e * h, e * h, a, 2),
+            self._expert("experts_down_dgrad", n, self.ffn, h, "nn", num),
+            memory_op(f"{self.name}.act_bwd", 3 * e * self.ffn, 2 * e * self.ffn, a, 12),
+            self._expert("experts_up_dgrad", n, h, self._up, "nn", num),
+            memory_op(f"{self.name}.permute_bwd", e * h, t * h, a, 1),  # copies summed
+            memory_op(f"{self.name}.topk_bwd", 2 * t * self.experts, t * self.experts,
+                      DTYPE_BYTES["fp32"], 5),
+            self._dense("router_dgrad", t, h, self.experts, "nn", num),
+        ]
+        if self.shared_ffn:
+            ops += [self._dense("shared_down_dgrad", t, self.shared_ffn, h, "nn", num),
+                    memory_op(f"{self.name}.shared_act_bwd", 3 * t * self.shared_ffn,
+                              2 * t * self.shared_ffn, a, 12),
+                    self._dense("shared_up_dgrad", t, h, self._shared_up, "nn", num)]
+        return self._tag(ops)
+
+    def backward_weight(self, n: int, num: Numerics) -> list[Op]:
+        t, h = n * self.rows, self.hidden
+        per_expert = max(1, self._routed(n) // self.held)
+
+        def wgrad(tag: str, out: int, inner: int) -> Op:
+            shape = GemmShape(out, inner, per_expert, batch=self.held, layout="tn")
+            return gemm_op(f"{self.name}.{tag}", shape, num.matmul, num.act_bytes)
+
+        ops = [wgrad("experts_up_wgrad", self._up, h), wgrad("experts_down_wgrad", h, self.ffn),
+               self._dense("router_wgrad", self.experts, h, t, "tn", num)]
+        if self.shared_ffn:
+            ops += [self._dense("shared_up_wgrad", self._shared_up, h, t, "tn", num),
+                    self._dense("shared_down_wgrad", h, self.shared_ffn, t, "tn", num)]
+        return self._tag(ops)
+
+    def saved_bytes(self, n: int, num: Numerics) -> float:
+        """The router's input and scores, the permuted copies, each expert's up output
+        and activation (the down product's input), and the shared experts' likewise."""
+        t, h, e = n * self.rows, self.hidden, self._routed(n)
+        a = num.act_bytes
+        kept = t * h * a + t * self.experts * DTYPE_BYTES["fp32"] + e * h * a
+        kept += e * (self._up + self.ffn) * a
+        if self.shared_ffn:
+            kept += t * (self._shared_up + self.shared_ffn) * a
+        return float(kept)
+
+    def transient_bytes(self, n: int, num: Numerics) -> float:
+        # the routed copies and their up projection alive while the experts run
+        e = self._routed(n)
+        return float(e * (self.hidden + self._up) * num.act_bytes
+                     + 2 * n * self.out_elements * num.act_bytes)
+
+
+def ep_collectives(layer: Layer, phase: str, n: int, act: int
+                   ) -> list[tuple[Collective, float]]:
+    """All-to-alls over the expert-parallel group for ``n`` samples: (collective, bytes each
+    rank sends and receives). Forward dispatches every token's copies to their experts'
+    ranks and combines them back; backward does the same for their gradients."""
+    if not isinstance(layer, MoE) or layer.ep == 1:
+        return []
+    size = float(layer._routed(n) * layer.hidden * act)
+    return [("all_to_all", size), ("all_to_all", size)]

@@ -1,0 +1,102 @@
+"""Mixtures of experts: routed expert MLPs, and expert parallelism's all-to-alls."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusim.cli import main
+from gpusim.errors import InvalidConfig
+from gpusim.estimate import build_job, estimate
+from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel_job import ParallelJob
+from gpusim.plan.tensor_parallel import shard_layer
+from gpusim.workload import zoo
+from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE, ep_collectives
+from gpusim.workload.numerics import Numerics
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+
+BF16 = Numerics("bf16", "bf16", "bf16")
+
+
+def _small_moe(experts: int = 8, top_k: int = 2) -> Model:
+    return build_transformer(TransformerConfig(
+        name="moe-small", layers=4, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816,
+        vocab=32000, seq_len=2048, norm="rmsnorm", activation="swiglu", positions="rotary",
+        bias=False, tied_embeddings=False, experts=experts, top_k=top_k))
+
+
+def test_mixtral_counts_its_published_parameters_and_active_flops() -> None:
+    mixtral = zoo.get("mixtral-8x7b")
+    assert mixtral.parameters == pytest.approx(46.7e9, rel=0.005)  # Mistral AI: 46.7B
+    # 12.9B parameters act on each token (Mistral AI): 6 x 12.9e9 FLOPs a token, plus
+    # attention's scores
+    seq = mixtral.tokens_per_sample or 1
+    per_token = mixtral.training_flops_per_sample / seq
+    # the embedding lookup multiplies nothing; causal attention adds 6 x layers x seq x hidden
+    expected = 6 * (12.9e9 - 32000 * 4096) + 6 * 32 * seq * 4096
+    assert per_token == pytest.approx(expected, rel=0.02)
+
+
+def test_each_expert_computes_its_share_of_the_routed_tokens() -> None:
+    moe = next(la for la in _small_moe().layers if isinstance(la, MoE))
+    up = next(op for op in moe.forward(1, BF16) if op.name.endswith("experts_up"))
+    assert up.gemm is not None
+    assert (up.gemm.batch, up.gemm.m) == (8, 2048 * 2 // 8)  # 8 experts, 512 rows each
+    # a rank holding 2 of 8 experts takes every rank's copies routed to them: as many rows
+    held = MoE("m", 1024, 2816, 8, 2, 2048, local_experts=2)
+    held_up = next(op for op in held.forward(1, BF16) if op.name.endswith("experts_up"))
+    assert held_up.gemm is not None and held_up.gemm.batch == 2
+    assert held_up.flops == pytest.approx(up.flops)
+    assert held.expert_params * 4 == moe.expert_params
+    assert [c for c, _ in ep_collectives(held, "forward", 1, 2)] == ["all_to_all"] * 2
+    assert ep_collectives(moe, "forward", 1, 2) == []  # every expert at home: no exchange
+    # tensor parallelism splits every expert's hidden size
+    split = shard_layer(moe, 2, False)
+    assert isinstance(split, MoE) and split.ffn == 2816 // 2
+
+
+def _job(ep: int, zero: int = 1) -> ParallelJob:
+    job, _ = build_job(_small_moe(), "h100-sxm", 8, precision="bf16", num_gpus=8, ep=ep,
+                       zero=zero)
+    assert isinstance(job, ParallelJob)
+    return job
+
+
+def test_expert_parallel_ranks_hold_a_share_of_the_experts() -> None:
+    plain, split = plan_parallel(_job(1)), plan_parallel(_job(8))
+    assert split.job.parallel.describe().endswith("EP 8, ZeRO-1")
+    assert split.stages[0].params < plain.stages[0].params
+    # ZeRO-1 over 8 ranks: the experts' states live on 8 / 8 = 1 rank each, so a rank keeps
+    # all of its own experts' states and 1/8 of the rest: the same bytes either way
+    states = [stage_memory(p, p.stages[0]).optimizer_states for p in (plain, split)]
+    assert states[1] == pytest.approx(states[0], rel=1e-9)
+    weights = [stage_memory(p, p.stages[0]).weights for p in (plain, split)]
+    assert weights[1] < weights[0]  # without ZeRO-3, whole weights: only the held experts
+
+
+def test_expert_parallelism_pays_its_all_to_alls() -> None:
+    step = estimate(_small_moe(), "h100-sxm", 8, precision="bf16", num_gpus=8, ep=8).step
+    assert step.breakdown_s["expert_parallel_comm"] > 0
+    assert sum(step.breakdown_s.values()) == pytest.approx(step.step_time_s, rel=1e-6)
+    one = estimate(_small_moe(), "h100-sxm", 1, precision="bf16").step
+    assert one.model_flops_per_step * 8 == pytest.approx(step.model_flops_per_step, rel=1e-4)
+
+
+@pytest.mark.parametrize(("model", "ep", "message"), [
+    ("llama3-8b", 2, "no mixture of experts"),
+    (None, 4, "do not split over EP 4"),
+])
+def test_expert_parallelism_refuses_what_it_cannot_split(model: str | None, ep: int,
+                                                         message: str) -> None:
+    with pytest.raises(InvalidConfig, match=message):
+        build_job(model or _small_moe(experts=6), "h100-sxm", 8, precision="bf16",
+                  num_gpus=8, ep=ep)
+
+
+def test_cli_runs_a_shipped_moe_with_ep(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["estimate", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--num-gpus",
+                 "8", "--ep", "8", "--zero", "3", "--seq-len", "4096", "--batch-size", "8",
+                 "--precision", "bf16", "--recompute", "full"])
+    out = capsys.readouterr().out
+    assert code == 0 and "EP 8" in out and "expert parallel comm" in out
