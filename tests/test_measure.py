@@ -116,3 +116,27 @@ def test_kinds_keep_only_those_micro_cases_and_host_steps_time_each_phase(
     assert sorted(c["pass"] for c in steps) == ["backward", "forward", "optimizer",
                                                 "zero_grad"]
     assert all(c["median_s"] > 0 and c["model"] == {"zoo": "mnist-mlp"} for c in steps)
+
+
+def test_sustained_gemm_reports_its_windows_and_steady_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sustained case's steady state is the median of its second half's windows; the
+    clock samples come from nvidia-smi's CSV lines (none where it is missing)."""
+    from gpusim.measure import micro
+
+    out = micro.time_sustained_gemm(64, 64, 64, "fp32", torch.device("cpu"), seconds=0.3,
+                                    window_s=0.05)
+    assert len(out.windows) >= 4 and out.first_window_s > 0
+    steady = sorted(w["per_call_s"] for w in out.windows[len(out.windows) // 2:])
+    assert out.median_s == steady[len(steady) // 2] and out.repeats == len(steady)
+    assert "windows" in out.to_dict() and "clocks" in out.to_dict()
+
+    class FakeProc:
+        def terminate(self) -> None: ...
+        def communicate(self, timeout: float = 0.0) -> tuple[str, str]:
+            return "1755, 699.12, 71\n[N/A], 650, 70\n1710, 700.3, 72\n", ""
+
+    sampler = micro.ClockSampler()
+    sampler._proc = FakeProc()  # type: ignore[assignment]
+    assert sampler.stop() == [{"sm_mhz": 1755.0, "power_w": 699.12, "temperature_c": 71.0},
+                              {"sm_mhz": 1710.0, "power_w": 700.3, "temperature_c": 72.0}]

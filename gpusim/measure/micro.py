@@ -11,6 +11,8 @@ backend, norms, batch norm, the optimizer, each layer's host cost) are in micro_
 from __future__ import annotations
 
 import math
+import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +122,93 @@ def time_gemm(m: int, n: int, k: int, precision: str, device: torch.device,
     if graph:
         return time_graph(lambda: torch.mm(a, b, out=c), device, repeats=repeats)
     return time_call(lambda: torch.mm(a, b, out=c), device, repeats=repeats)
+
+
+def time_sustained_gemm(m: int, n: int, k: int, precision: str, device: torch.device,
+                        seconds: float, window_s: float = 0.5) -> SustainedTiming:
+    """``torch.mm`` back to back for ``seconds``, timed in windows of ``window_s``, with the
+    SM clock, power and temperature sampled beside it: how far a GPU under sustained
+    tensor-core load falls below the short bursts the other cases time (its power limit
+    and heat bring the clock down). Reads the clocks; never sets them."""
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    dtype = TORCH_DTYPES[precision]
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    c = torch.empty(m, n, device=device, dtype=dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    clocks = ClockSampler()
+    windows = []
+    began = time.perf_counter()
+    clocks.start()
+    try:
+        while time.perf_counter() - began < seconds:
+            sync()
+            start, calls = time.perf_counter(), 0
+            while time.perf_counter() - start < window_s:
+                for _ in range(8):
+                    torch.mm(a, b, out=c)
+                calls += 8
+                sync()
+            elapsed = time.perf_counter() - start
+            windows.append({"t_s": round(start - began, 3), "calls": calls,
+                            "per_call_s": elapsed / calls})
+    finally:
+        samples = clocks.stop()
+    steady = sorted(w["per_call_s"] for w in windows[len(windows) // 2:])
+    return SustainedTiming(steady[len(steady) // 2], steady[len(steady) // 10],
+                           steady[(9 * len(steady)) // 10], len(steady), 1,
+                           windows[0]["per_call_s"], windows, samples)
+
+
+@dataclass(frozen=True)
+class SustainedTiming(Timing):
+    """A sustained run's steady state (the median window of its second half, per call), its
+    first window, and every window and clock sample."""
+
+    first_window_s: float
+    windows: list[dict[str, float]]
+    clocks: list[dict[str, float]]
+
+
+class ClockSampler:
+    """nvidia-smi's SM clock, power draw and temperature every 200 ms, in the background
+    (an empty list where nvidia-smi is missing)."""
+
+    FIELDS = "clocks.sm,power.draw,temperature.gpu"
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        try:
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+                 "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self._proc = None
+
+    def stop(self) -> list[dict[str, float]]:
+        if self._proc is None:
+            return []
+        self._proc.terminate()
+        try:
+            out, _ = self._proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, _ = self._proc.communicate()
+        samples = []
+        for line in out.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                sm, power, temp = (float(p) for p in parts[:3])
+            except ValueError:
+                continue
+            samples.append({"sm_mhz": sm, "power_w": power, "temperature_c": temp})
+        return samples
 
 
 def time_gemm_fp8(m: int, n: int, k: int, device: torch.device, repeats: int) -> Timing:

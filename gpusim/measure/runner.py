@@ -21,6 +21,9 @@ from gpusim.measure import micro, micro_layers, models, provenance, results
 from gpusim.measure.timing import REPEATS, Timing
 
 CPU_CACHE_BYTES = 64 * 2**20  # rotate past a large L3
+# How long the sustained GEMM runs: long enough for the clock to settle under the power
+# limit and the heat (a training step runs seconds of such products back to back).
+SUSTAINED_S = 20.0
 
 
 def torch_device() -> torch.device:
@@ -125,6 +128,13 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
     yield from _batch_norm_cases(device, quick, 128 if device.type == "cuda" else 2)
     if device.type == "cuda":
         yield from _graph_cases(device, quick, cache)
+        # minutes of training, not bursts: the steady clock under the power limit
+        for prec in ("bf16",):
+            seconds = 3.0 if quick else SUSTAINED_S
+            yield ({"id": f"sustained/{prec}/8192x8192x8192", "kind": "sustained_gemm",
+                    "precision": prec, "m": 8192, "n": 8192, "k": 8192, "seconds": seconds},
+                   lambda r, p=prec, t=seconds: micro.time_sustained_gemm(
+                       8192, 8192, 8192, p, device, t))
         for direction in ("h2d", "d2h"):
             for pinned in (True, False):
                 for size in (2**16, 2**20, 2**24, 2**28, 2**30):
