@@ -64,3 +64,20 @@ def test_small_kernels_are_dominated_by_fixed_costs(h100: GPUProfile) -> None:
     tiny = kernel_cost(gemm_op("t", GemmShape(16, 16, 16), "bf16", 2), h100, cal)
     assert tiny.efficiency < 0.001
     assert tiny.seconds >= (cal.gemm.ramp_us + cal.overhead.kernel_us) * 1e-6
+
+
+def test_op_copies_keep_every_field() -> None:
+    """Op.with_phase and Op.in_layer name every field; a field added to Op and left out of
+    them would be dropped silently."""
+    import dataclasses
+
+    from gpusim.workload.ops import AttentionShape, GemmShape, Op
+
+    values = {"name": "n", "kind": "gemm", "flops": 1.0, "bytes": 2.0, "math": "bf16",
+              "layer": "l", "phase": "recompute", "gemm": GemmShape(1, 2, 3),
+              "alloc_bytes": 4.0, "family": "f", "parallel_units": 5, "kernel": "k",
+              "attention": AttentionShape(1, 2, 3, True)}
+    assert set(values) == {f.name for f in dataclasses.fields(Op)}
+    op = Op(**values)  # type: ignore[arg-type]
+    assert op.with_phase("backward") == dataclasses.replace(op, phase="backward")
+    assert op.in_layer("other") == dataclasses.replace(op, layer="other")

@@ -246,6 +246,24 @@ def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
                   for la in c) for c in chunks]
 
 
+def _split(job: ParallelJob, cache: dict[Any, Any]
+           ) -> tuple[list[tuple[Layer, ...]], list[tuple[int, ...]]]:
+    """Every chunk's layers and its signature: each layer, its name taken off, as a number
+    (equal layers, equal numbers), so that chunks of the same shape share one costing. Both
+    come from ``cache`` when a job of the same split was planned before."""
+    p = job.parallel
+    key = ("split", p.tensor, p.sequence_parallel, p.context, p.expert, p.pipeline,
+           p.virtual_stages, p.stage_blocks)
+    if key not in cache:
+        chunks = _chunk_layers(job)
+        ids: dict[Layer, int] = cache.setdefault(("layer ids",), {})
+        signatures = [tuple(ids.setdefault(replace(la, name="", block=""), len(ids))
+                            for la in layers) for layers in chunks]
+        cache[key] = (chunks, signatures)
+    found: tuple[list[tuple[Layer, ...]], list[tuple[int, ...]]] = cache[key]
+    return found
+
+
 def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Calibration,
                 host_per_op: float) -> ChunkPlan:
     sub = Model(f"{job.model.name}[{index}]", layers, job.model.input, job.model.family,
@@ -281,16 +299,15 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     p = job.parallel
     cal = calibration or calibration_for(job.topology.gpu)
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
-    layer_chunks = _chunk_layers(job)
     cache = {} if cache is None else cache
+    layer_chunks, signatures = _split(job, cache)
     shape = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel, job.precision,
              job.checkpointing, job.master_weights, cal.name)
     plans = []
-    for index, layers in enumerate(layer_chunks):
+    for index, (layers, signature) in enumerate(zip(layer_chunks, signatures, strict=True)):
         # Middle chunks hold identical blocks under different names: cost one of each shape.
         trains = tuple(job.whole.trains_weights(la) for la in layers) if job.freezes else ()
-        key = (shape, min(index, 1), trains,
-               tuple(replace(la, name="", block="") for la in layers))
+        key = (shape, min(index, 1), trains, signature)
         if key not in cache:
             cache[key] = _chunk_plan(index, layers, job, cal, host_per_op)
         plans.append(replace(cache[key], index=index, layers=layers))

@@ -77,7 +77,7 @@ class Layer(ABC):
         return 2.0 * n * self.out_elements * num.act_bytes
 
     def _tag(self, ops: list[Op]) -> list[Op]:
-        return [replace(o, layer=self.name) for o in ops]
+        return [o.in_layer(self.name) for o in ops]
 
 
 @dataclass(frozen=True)
