@@ -28,7 +28,8 @@ from gpusim.workload.model import Model
 DEFAULT_STACK = "pytorch"
 AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "math"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
-CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention")
+CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention",
+           "weights")
 
 
 class Stack(BaseModel):
@@ -64,6 +65,10 @@ class Stack(BaseModel):
     # fused kernel describes), a named fused kernel, or math (matmul, softmax, matmul: the
     # seq x seq scores in memory)
     attention: Literal[AttentionKernel] = "auto"
+    # how the model is held when it computes in 16 bits: autocast over fp32 weights
+    # (PyTorch's AMP; FSDP's mixed precision gathers 16-bit copies of fp32 shards), or
+    # 16-bit weights with fp32 master copies in the optimizer (Megatron-LM's --bf16)
+    weights: Literal["autocast", "master"] = "autocast"
     sources: dict[str, str]
 
     @model_validator(mode="after")

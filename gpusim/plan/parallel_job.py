@@ -230,10 +230,13 @@ class ParallelJob:
     @property
     def master_weights(self) -> bool:
         """Model-parallel frameworks (Megatron-LM) keep weights in the compute type with fp32
-        master copies; data parallelism alone is taken as PyTorch DDP with autocast unless
-        ``megatron`` says otherwise."""
+        master copies, as does any job whose stack holds its weights that way; data
+        parallelism alone is otherwise taken as PyTorch DDP with autocast unless ``megatron``
+        says otherwise."""
         if self.megatron is not None:
             return self.megatron
+        if self.stack is not None and self.stack.weights == "master":
+            return True
         return self.parallel.tensor > 1 or self.parallel.pipeline > 1
 
     @property

@@ -27,6 +27,9 @@ from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
 CASES_FILE = data_dir("published") / "throughput.yaml"
+# More cases, collected later: mixtures of experts (Megatron-Bridge, Megatron-MoE-ModelZoo,
+# NeMo AutoModel on H100) and dense runs on AMD MI300X and MI325X.
+MORE_CASES_FILE = data_dir("published") / "throughput_more.yaml"
 RECOMPUTE = {"selective-op": "per-op", "full": "full", "none": "none"}
 
 
@@ -43,14 +46,19 @@ class ThroughputRow:
         return None if self.predicted is None else self.predicted / self.measured - 1
 
 
-def load_cases(path: Path = CASES_FILE) -> list[dict[str, Any]]:
-    data = yaml.safe_load(path.read_text())
-    cases: list[dict[str, Any]] = data["cases"] if isinstance(data, dict) else data
+def load_cases(*paths: Path) -> list[dict[str, Any]]:
+    """The cases of ``paths`` (default: both shipped files), in order."""
+    cases: list[dict[str, Any]] = []
+    for path in paths or (CASES_FILE, MORE_CASES_FILE):
+        data = yaml.safe_load(path.read_text())
+        cases += data["cases"] if isinstance(data, dict) else data
     return cases
 
 
 def _gpu(text: str) -> DeviceProfile:
     low = text.lower()
+    if "mi300x" in low:
+        return load_gpu("mi300x")
     if "h200" in low:
         return load_gpu("h200")
     if "a100" in low:
@@ -64,13 +72,34 @@ def _gpu(text: str) -> DeviceProfile:
 def _model(m: dict[str, Any], seq: int) -> Model:
     gated = bool(m.get("gated_mlp"))
     norm = "rmsnorm" if "rms" in str(m.get("norm", "")) else "layernorm"
+    experts = int(m.get("experts") or 0)
+    ffn = m.get("ffn_hidden")
     cfg = TransformerConfig(
         name=str(m["name"]), layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
-        kv_heads=m.get("kv_heads"), ffn_hidden=m.get("ffn_hidden"), vocab=m["vocab"],
+        kv_heads=m.get("kv_heads"), head_dim=m.get("head_dim"),
+        ffn_hidden=ffn if isinstance(ffn, int) else None, vocab=m["vocab"],
         seq_len=seq, norm=norm, activation="swiglu" if gated else "gelu",
         positions="rotary" if gated else "learned", max_positions=None if gated else seq,
-        tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated)
+        tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated, experts=experts,
+        top_k=int(m.get("top_k") or 2), moe_ffn=m.get("expert_ffn_hidden"),
+        shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0))
     return build_transformer(cfg)
+
+
+def _not_modelled(case: dict[str, Any]) -> str:
+    """What the case runs that gpusim cannot express, or ''."""
+    m, t = case["model"], case["training"]
+    if not isinstance(m.get("kv_heads", 0), int):
+        return "multi-head latent attention (MLA) is not modelled"
+    if "sliding" in str(m.get("attention", "")).lower():
+        return "sliding-window attention is not modelled"
+    if "mi325x" in str(case["hardware"]["gpu"]).lower():
+        return "no MI325X profile"
+    if not str(t.get("precision", "")).startswith(("bf16", "fp8")):
+        return "precision not stated"
+    if not isinstance(t.get("seq_len"), int):
+        return "sequence length not stated"
+    return ""
 
 
 def _stack(case: dict[str, Any]) -> str:
@@ -85,25 +114,34 @@ def _stack(case: dict[str, Any]) -> str:
 def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     """(estimate keywords, what the prediction leaves out, why it cannot run or '')."""
     t, p = case["training"], case["training"]["parallelism"]
+    why = _not_modelled(case)
+    if why:
+        return {}, (), why
     gpus = int(case["hardware"]["num_gpus"])
     seq = int(t["seq_len"])
-    tp, pp, vp = int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("vp", 1))
-    cp = int(p.get("cp", 1))
+    tp, pp = int(p.get("tp") or 1), int(p.get("pp") or 1)
+    cp, ep = int(p.get("cp") or 1), int(p.get("ep") or 1)
+    vp = int(p.get("vp") or 1)
     dp = gpus // (tp * pp * cp)
     micro = int(t["local_batch_size"])
-    batch = int(t.get("global_batch_size") or micro * dp * int(t.get("grad_accum", 1)))
+    stated = t.get("global_batch_size")
+    accum = t.get("grad_accum")
+    batch = stated if isinstance(stated, int) else \
+        micro * dp * (accum if isinstance(accum, int) else 1)
     precision = "fp8" if str(t["precision"]).startswith("fp8") else "bf16"
     flags = []
-    if t.get("torch_compile"):
+    if t.get("torch_compile") is True:
         flags.append("torch.compile (predicted eager)")
+    if not isinstance(stated, int):
+        flags.append("global batch not stated: one microbatch per step assumed")
     if "async tp on" in str(t.get("other", "")).lower():
         flags.append("async TP (not modelled)")
     stack = _stack(case)
     kwargs: dict[str, Any] = {
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
-        "tp": tp, "pp": pp, "cp": cp, "microbatch_size": micro, "optimizer": "adamw",
-        "checkpointing": RECOMPUTE.get(str(t.get("activation_checkpointing", "none")), "none"),
+        "tp": tp, "pp": pp, "cp": cp, "ep": ep, "microbatch_size": micro,
+        "optimizer": "adamw", "checkpointing": _recompute(t, flags),
         "stack": stack, "fp8_recipe": "tensorwise",
         "zero": 3 if int(p.get("dp_shard", 1)) > 1 else 1,
     }
@@ -134,6 +172,21 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     return kwargs, tuple(flags), ""
 
 
+def _recompute(t: dict[str, Any], flags: list[str]) -> str:
+    """The recompute mode a case states; free text as its nearest mode, flagged."""
+    text = str(t.get("activation_checkpointing", "none"))
+    if text in RECOMPUTE:
+        return RECOMPUTE[text]
+    low = text.lower()
+    if "selective recompute of" in low:  # Megatron's recompute_modules (norms, activations)
+        flags.append("recompute of norms and activations predicted as none")
+        return "none"
+    if "activation_checkpointing: true" in low or "activation_checkpointing true" in low:
+        flags.append("activation checkpointing predicted as full")
+        return "full"
+    return "none"
+
+
 def predict_case(case: dict[str, Any]) -> ThroughputRow:
     measured = float(case["measured"]["value"])
     kwargs, flags, skipped = job_of(case)
@@ -143,7 +196,13 @@ def predict_case(case: dict[str, Any]) -> ThroughputRow:
         result = estimate(**kwargs)
     except GpusimError as exc:
         return ThroughputRow(case["id"], measured, None, flags, exc.summary)
-    per_gpu = (result.step.tokens_per_s or 0.0) / kwargs["num_gpus"]
+    step = result.step
+    if str(case["measured"]["unit"]).startswith("TFLOPS"):
+        # model TFLOP/s per GPU, gpusim's FLOP count against the source's own
+        per_gpu = step.model_flops_per_step / step.step_time_s / step.num_gpus / 1e12
+        flags = (*flags, "TFLOP/s by the source's FLOP count")
+    else:
+        per_gpu = (step.tokens_per_s or 0.0) / kwargs["num_gpus"]
     return ThroughputRow(case["id"], measured, per_gpu, flags)
 
 
