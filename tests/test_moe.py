@@ -100,3 +100,44 @@ def test_cli_runs_a_shipped_moe_with_ep(capsys: pytest.CaptureFixture[str]) -> N
                  "--precision", "bf16", "--recompute", "full"])
     out = capsys.readouterr().out
     assert code == 0 and "EP 8" in out and "expert parallel comm" in out
+
+
+def test_expert_parallelism_can_fold_over_tensor_parallel_ranks() -> None:
+    """Megatron-LM's MoE parallel folding: EP 32 over TP 2 x DP 16 leaves each expert whole
+    (expert TP 1) on its rank, each rank routing its own sequence slice."""
+    from gpusim.plan.parallel_job import ParallelConfig
+
+    folded = ParallelConfig(tensor=2, data=16, expert=32, sequence_parallel=True)
+    assert (folded.expert_tensor, folded.expert_data) == (1, 1)
+    inside = ParallelConfig(tensor=2, data=16, expert=8, sequence_parallel=True)
+    assert (inside.expert_tensor, inside.expert_data) == (2, 2)
+    with pytest.raises(InvalidConfig, match="sequence-parallel"):
+        ParallelConfig(tensor=2, data=16, expert=32)
+    with pytest.raises(InvalidConfig, match="neither divides"):
+        ParallelConfig(tensor=2, data=16, expert=64, sequence_parallel=True)
+    job, _ = build_job(_small_moe(experts=16), "h100-sxm", 16, precision="bf16",
+                       num_gpus=16, tp=2, ep=16, sequence_parallel=True, microbatch_size=1)
+    assert isinstance(job, ParallelJob)
+    moe = next(la for c in plan_parallel(job).stages[0].chunks for la in c.layers
+               if isinstance(la, MoE))
+    # every expert whole, one of the 16 on each rank, over the rank's half of the tokens
+    assert (moe.ffn, moe.held, moe.rows) == (2816, 1, 2048 // 2)
+
+
+def test_model_chunks_can_hold_uneven_blocks() -> None:
+    """--pp-layers per model chunk with virtual stages; the first and last chunks may hold
+    only the embedding and the head (Megatron-LM's account_for_*_in_pipeline_split)."""
+    job, _ = build_job("llama3-8b", "h100-sxm", 64, precision="bf16", num_gpus=8, pp=4,
+                       schedule="interleaved", virtual_stages=2, microbatch_size=1,
+                       pp_layers=(3, 4, 4, 5, 5, 4, 4, 3))
+    assert isinstance(job, ParallelJob)
+    plan = plan_parallel(job)
+    assert len(plan.stages) == 4 and len(plan.stages[0].chunks) == 2
+    edge, _ = build_job("llama3-8b", "h100-sxm", 64, precision="bf16", num_gpus=8, pp=4,
+                        schedule="interleaved", virtual_stages=2, microbatch_size=1,
+                        pp_layers=(0, 5, 5, 5, 5, 5, 5, 2))
+    assert isinstance(edge, ParallelJob)
+    with pytest.raises(InvalidConfig, match="first and last"):
+        build_job("llama3-8b", "h100-sxm", 64, precision="bf16", num_gpus=8, pp=4,
+                  schedule="interleaved", virtual_stages=2, microbatch_size=1,
+                  pp_layers=(4, 0, 5, 5, 5, 5, 5, 3))

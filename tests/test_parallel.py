@@ -454,7 +454,7 @@ def test_uneven_pipeline_stages() -> None:
     assert blocks == [7, 9, 8, 8]
     with pytest.raises(InvalidConfig, match="adds up to 31 blocks; llama3-8b has 32"):
         estimate(**base, pp_layers=(7, 8, 8, 8))
-    with pytest.raises(InvalidConfig, match="gives 2 stages but --pp is 4"):
+    with pytest.raises(InvalidConfig, match="gives 2 counts; give one per stage"):
         estimate(**base, pp_layers=(16, 16))
     thirty = build_transformer(TransformerConfig(name="t30", layers=30, hidden=256, heads=4))
     with pytest.raises(InvalidConfig, match="give each stage's blocks: --pp-layers 7,8,8,7"):

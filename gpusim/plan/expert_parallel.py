@@ -9,6 +9,7 @@ their gradients are reduced among those ranks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from gpusim.errors import InvalidConfig
@@ -34,6 +35,18 @@ def hold_experts(layer: Layer, expert: int) -> Layer:
     if expert == 1 or not isinstance(layer, MoE):
         return layer
     return replace(layer, local_experts=layer.experts // expert)
+
+
+def fold_experts(layer: Layer, tensor: int, expert_tensor: int) -> Layer:
+    """An MoE layer when expert parallelism spans tensor-parallel ranks: each rank routes
+    its own 1/TP of the tokens (sequence parallelism has split them) to experts split over
+    ``expert_tensor`` ranks only, with no tensor-parallel collective of its own (its tokens
+    stay split); None of this when EP fits inside the data-parallel ranks."""
+    if not isinstance(layer, MoE) or expert_tensor == tensor:
+        return layer
+    return replace(layer, rows=math.ceil(layer.rows / tensor),
+                   ffn=math.ceil(layer.ffn / expert_tensor),
+                   shared_ffn=math.ceil(layer.shared_ffn / expert_tensor), tp="replicated")
 
 
 def expert_share(layers: tuple[Layer, ...] | list[Layer]) -> float:

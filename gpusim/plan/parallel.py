@@ -24,7 +24,7 @@ from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.plan.context_parallel import cp_collectives, split_sequence
-from gpusim.plan.expert_parallel import expert_share, hold_experts
+from gpusim.plan.expert_parallel import expert_share, fold_experts, hold_experts
 from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops, parameter_tensors
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.offload import offload_seconds
@@ -144,7 +144,7 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
     device = job.topology.gpu
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
     cp_group = job.topology.place(job.parallel.context, stride=job.parallel.tensor)
-    ep_group = job.topology.place(job.parallel.expert, stride=job.parallel.tensor)
+    ep_group = expert_group(job)
     compute = recompute = comm = cp_comm = ep_comm = flops = active = 0.0
     # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
     gemm_s: dict[tuple[str, str], float] = defaultdict(float)
@@ -241,9 +241,9 @@ def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
         # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
         tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
     chunks[-1] = chunks[-1] + tail
-    return [tuple(hold_experts(split_sequence(shard_layer(la, p.tensor, p.sequence_parallel),
-                                              p.context), p.expert)
-                  for la in c) for c in chunks]
+    return [tuple(hold_experts(split_sequence(shard_layer(
+        fold_experts(la, p.tensor, p.expert_tensor), p.tensor, p.sequence_parallel),
+        p.context), p.expert) for la in c) for c in chunks]
 
 
 def _split(job: ParallelJob, cache: dict[Any, Any]
@@ -338,7 +338,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     # sharding); hybrid sharding then all-reduces each gradient shard across the groups.
     groups["shard"] = job.topology.place(p.shard_ranks, stride=p.tensor)
     groups["context"] = job.topology.place(p.context, stride=p.tensor)
-    groups["expert"] = job.topology.place(p.expert, stride=p.tensor)
+    groups["expert"] = expert_group(job)
     if p.shard_ranks < p.data:
         groups["replicate"] = job.topology.place(p.data // p.shard_ranks,
                                                  stride=p.tensor * p.shard_ranks)
@@ -350,9 +350,17 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
 
 def zero_shard(p: ParallelConfig, layers: tuple[Layer, ...]) -> float:
     """The fraction of a rank's weight-sized state ZeRO leaves it: 1/shard ranks, but an
-    expert's state lives on shard/EP ranks only (the others hold other experts)."""
+    expert's state is spread over the ranks holding the same experts only."""
     f = expert_share(layers)
-    return ((1 - f) + f * p.expert) / p.shard_ranks
+    return (1 - f) / p.shard_ranks + f / p.expert_data
+
+
+def expert_group(job: ParallelJob) -> CommGroup:
+    """The ranks that exchange tokens: adjacent data-parallel ranks, or, when EP spans
+    tensor-parallel ranks too, adjacent ranks from the innermost."""
+    p = job.parallel
+    stride = p.tensor if p.expert <= p.data else 1
+    return job.topology.place(p.expert, stride=stride)
 
 
 def tied_embedding_params(job: ParallelJob) -> int:

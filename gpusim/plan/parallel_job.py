@@ -84,21 +84,29 @@ class ParallelConfig:
         if self.zero not in ZERO_STAGES:
             raise InvalidConfig(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero})")
         if self.stage_blocks:
-            if len(self.stage_blocks) != self.pipeline:
-                raise InvalidConfig(f"--pp-layers gives {len(self.stage_blocks)} stages but "
-                                    f"--pp is {self.pipeline}; give one count per stage")
-            if min(self.stage_blocks) < 1:
-                raise InvalidConfig("every pipeline stage needs at least one block "
-                                    "(--pp-layers)")
-            if self.virtual_stages > 1:
-                raise InvalidConfig("--pp-layers gives whole stages; it does not combine with "
-                                    "--virtual-stages")
+            chunks = self.pipeline * self.virtual_stages
+            if len(self.stage_blocks) != chunks:
+                per = ("stage" if self.virtual_stages == 1
+                       else f"model chunk (PP x virtual stages = {chunks})")
+                raise InvalidConfig(f"--pp-layers gives {len(self.stage_blocks)} counts; give "
+                                    f"one per {per}")
+            # the first and last chunks hold the embedding and the head, so they may hold
+            # no block (Megatron-LM's account_for_embedding/loss_in_pipeline_split)
+            if min(self.stage_blocks[1:-1], default=1) < 1 or min(self.stage_blocks) < 0:
+                raise InvalidConfig("every pipeline stage but the first and last needs at "
+                                    "least one block (--pp-layers)")
         if self.data % self.context:
             raise InvalidConfig(f"context parallelism {self.context} does not divide the "
                                 f"{self.data} data-parallel ranks")
-        if self.data % self.expert:
-            raise InvalidConfig(f"expert parallelism {self.expert} does not divide the "
-                                f"{self.data} data-parallel ranks")
+        if self.data % self.expert and (self.expert % self.data
+                                        or self.tensor % (self.expert // self.data)):
+            raise InvalidConfig(
+                f"expert parallelism {self.expert} neither divides the {self.data} "
+                f"data-parallel ranks nor spans tensor x data ranks (TP {self.tensor} x DP "
+                f"{self.data}); pick an EP that does")
+        if self.expert_tensor < self.tensor and not self.sequence_parallel:
+            raise InvalidConfig(f"EP {self.expert} over tensor-parallel ranks splits the "
+                                f"tokens between them: it needs --sequence-parallel")
         if self.context > 1 and self.shard_group:
             raise InvalidConfig("--cp does not combine with --shard-group yet")
         if self.shard_group:
@@ -121,6 +129,21 @@ class ParallelConfig:
                 f"accumulates across microbatches (DeepSpeed and Megatron-LM refuse the "
                 f"combination); use --zero 0 or 1 with --pp > 1"
             )
+
+    @property
+    def expert_tensor(self) -> int:
+        """Tensor-parallel ranks that split each expert: TP itself while EP fits inside the
+        data-parallel ranks; fewer when EP also spans tensor-parallel ranks (Megatron-LM's
+        MoE parallel folding, expert_tensor_parallel_size), 1 when it spans them all."""
+        if self.expert <= self.data:
+            return self.tensor
+        return self.tensor * self.data // self.expert
+
+    @property
+    def expert_data(self) -> int:
+        """Ranks that hold the same experts, over which their gradients and ZeRO states
+        are spread: tensor x data ranks over expert x expert-tensor ranks."""
+        return max(1, self.tensor * self.data // (self.expert * self.expert_tensor))
 
     @property
     def num_gpus(self) -> int:

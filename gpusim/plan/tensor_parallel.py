@@ -70,7 +70,7 @@ def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: 
         size = n * layer.rows * layer.dim * act
         return [] if phase == "backward" else [
             ("reduce_scatter" if sp else "all_reduce", size, None)]
-    if isinstance(layer, MoE):  # as the column- and row-parallel pair of a dense MLP
+    if isinstance(layer, MoE) and layer.tp != "replicated":  # as a dense MLP's pair
         size = n * layer.rows * layer.hidden * act
         if phase == "backward":
             return ([("all_gather", size, None), ("reduce_scatter", size, None)] if sp

@@ -164,6 +164,13 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs.update(zero=1)
         if vp > 1:
             kwargs.update(schedule="interleaved", virtual_stages=vp)
+        blocks, chunks = int(case["model"]["layers"]), pp * vp
+        if pp > 1 and blocks % chunks and (blocks + 2) % chunks == 0:
+            # Megatron-LM's account_for_embedding/loss_in_pipeline_split: the embedding and
+            # the loss count as a layer each when layers are dealt to the model chunks
+            per = (blocks + 2) // chunks
+            kwargs["pp_layers"] = (per - 1, *[per] * (chunks - 2), per - 1)
+            flags.append("embedding and loss counted as a layer each in the pipeline split")
     if stack == "pytorch" and "triton" in str(t.get("other", "")):
         kwargs["attention"] = "flash2"  # llm-foundry's triton FlashAttention
     if pp > 1 and "interleaved" in case["id"]:
