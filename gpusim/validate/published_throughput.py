@@ -157,8 +157,9 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs["microbatch_size"] = 1
         flags.append("microbatch 1 assumed")
         blocks = int(case["model"]["layers"])
-        if blocks % pp:
-            kwargs["pp_layers"] = tuple(int(b) for b in uneven_split(blocks, pp).split(","))
+        chunks = pp * (2 if "interleaved" in case["id"] else 1)
+        if blocks % chunks:
+            kwargs["pp_layers"] = tuple(int(b) for b in uneven_split(blocks, chunks).split(","))
             flags.append("stage split assumed")
     if stack == "megatron":
         kwargs.update(zero=1)
