@@ -27,9 +27,8 @@ def _mostly(good: list[str], bad: list[str], weight: int = 6) -> list[str]:
 
 
 MODELS = _mostly(["mnist-mlp", "resnet50", "gpt2", "bert-base", "llama3-8b", "vit-b16",
-                  "qwen2.5-0.5b"],
-                 ["transformer", "nonexistent-model", "", "gpt2.yaml", "../../etc/passwd",
-                  "mixtral-8x7b"], 2)
+                  "qwen2.5-0.5b", "mixtral-8x7b", "qwen3-30b-a3b"],
+                 ["transformer", "nonexistent-model", "", "gpt2.yaml", "../../etc/passwd"], 2)
 GPUS = _mostly(["h100-sxm", "a100-80gb", "rtx-4090", "epyc-9654", "mi300x", "t4", "h100"],
                ["nope", ""], 3)
 SMALL = ["1", "2", "4", "8"]
@@ -45,6 +44,10 @@ FLAGS: dict[str, list[str]] = {
     "--num-gpus": _mostly(["2", "8", "16"], NUMBERS, 3),
     "--tp": _mostly(["1", "2", "8"], NUMBERS, 3),
     "--pp": _mostly(["1", "2"], NUMBERS, 3),
+    "--cp": _mostly(["1", "2", "4"], NUMBERS, 3),
+    "--ep": _mostly(["1", "2", "8"], NUMBERS, 3),
+    "--pp-layers": ["16,16", "0,32", "8,8,8,8", "0,8,8,16", "x", "-1,33"],
+    "--virtual-stages": _mostly(["1", "2"], NUMBERS, 2),
     "--zero": ["0", "1", "2", "3", "4"],
     "--microbatch-size": _mostly(SMALL, NUMBERS, 2),
     "--steps": _mostly(["1", "100"], NUMBERS, 2),
