@@ -15,7 +15,8 @@ from gpusim.plan.job import DEFAULT_LOADER_WORKERS, OPTIMIZERS, TRAINING_PRECISI
 
 def add_parsers(sub: Any) -> None:
     s = sub.add_parser(
-        "search", help="rank TP/PP/DP/microbatch/ZeRO/recompute/schedule splits for N GPUs",
+        "search", help="rank TP/CP/EP/PP/DP/microbatch/ZeRO/recompute/schedule splits for N "
+                       "GPUs",
         description="Try every valid parallel configuration, set aside those that do not fit "
                     "(saying why), rank the rest by predicted step time; the best --top are "
                     "simulated in full, the others ranked by the closed-form pipeline time.",
@@ -79,14 +80,16 @@ def run_search(args: argparse.Namespace) -> int:
     print(f"{result.considered} configurations, {len(result.ranked)} fit, "
           f"{len(result.rejected)} set aside, {result.dominated} skipped (a lighter "
           f"recompute of the same split fits), in {result.elapsed_s:.1f} s\n")
-    print(f"{'#':>3} {'TP':>3} {'PP':>3} {'DP':>5} {'mb':>3} {'schedule':>14} {'ZeRO':>4} "
+    print(f"{'#':>3} {'TP':>3} {'CP':>3} {'EP':>3} {'PP':>3} {'DP':>5} {'mb':>3} {'schedule':>14} "
+          f"{'ZeRO':>4} "
           f"{'SP':>3} {'recompute':>9} {'step':>10} {'MFU':>6} {'mem/GPU':>10} {'$/step':>8}")
     for i, r in enumerate(rows, 1):
         sched = r["schedule"] + (f" v{r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
         usd = r["cost_per_step_usd"]
         cost = "n/a" if usd is None else f"{usd:.2f}" if usd >= 0.01 else f"{usd:.2g}"
         mark = "" if r["simulated"] else "*"
-        print(f"{i:>3} {r['tp']:>3} {r['pp']:>3} {r['dp']:>5} {r['microbatch_size']:>3} "
+        print(f"{i:>3} {r['tp']:>3} {r['cp']:>3} {r['ep']:>3} {r['pp']:>3} {r['dp']:>5} "
+              f"{r['microbatch_size']:>3} "
               f"{sched:>14} {r['zero']:>4} {'yes' if r['sequence_parallel'] else 'no':>3} "
               f"{r['recompute']:>9} {units.human_seconds(r['step_time_s']) + mark:>10} "
               f"{100 * r['mfu']:5.1f}% {units.human_bytes(r['peak_memory_per_gpu_bytes']):>10} "

@@ -96,3 +96,17 @@ def test_cli_takes_cp(capsys: pytest.CaptureFixture[str]) -> None:
                  "bf16", "--zero", "3", "--checkpointing", "full"])
     out = capsys.readouterr().out
     assert code == 0 and "CP 4" in out and "context parallel comm" in out
+
+
+def test_search_tries_context_parallelism_for_long_sequences() -> None:
+    from gpusim.comm.topology import Topology
+    from gpusim.explore.search import candidates, search
+
+    topo = Topology.build("dgx-h100", 8)
+    configs = list(candidates(_model(), topo, 8))  # 16K tokens a sequence
+    assert {c.context for c, _ in configs} == {1, 2, 4, 8}
+    assert {c.context for c, _ in candidates(_model(seq=4096), topo, 8)} == {1}
+    found = search(_model(), topo, 8, top=2)
+    assert found.ranked and all(r.config.num_gpus == 8 for r in found.ranked)
+    assert any(r.config.context > 1 for r in found.ranked) or any(
+        "CP" in label for label, _ in found.rejected)

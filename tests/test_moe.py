@@ -141,3 +141,13 @@ def test_model_chunks_can_hold_uneven_blocks() -> None:
         build_job("llama3-8b", "h100-sxm", 64, precision="bf16", num_gpus=8, pp=4,
                   schedule="interleaved", virtual_stages=2, microbatch_size=1,
                   pp_layers=(4, 0, 5, 5, 5, 5, 5, 3))
+
+
+def test_search_tries_expert_parallelism_for_experts() -> None:
+    from gpusim.comm.topology import Topology
+    from gpusim.explore.search import candidates
+
+    topo = Topology.build("dgx-h100", 8)
+    eps = {c.expert for c, _ in candidates(_small_moe(), topo, 16)}
+    assert eps == {1, 2, 4, 8}
+    assert {c.expert for c, _ in candidates(zoo.get("gpt2"), topo, 16)} == {1}

@@ -1,5 +1,6 @@
 """Search over parallel configurations: every valid TP/PP/DP/microbatch/ZeRO/recompute/
-schedule combination for a model on N GPUs, ranked by predicted step time.
+schedule combination for a model on N GPUs (with expert parallelism for mixtures of experts
+and context parallelism for long sequences), ranked by predicted step time.
 
 Thousands of combinations are ranked with the closed-form pipeline time (the 1F1B formula
 over the slowest stage, plus the exposed data-parallel reduction and the optimizer), from the
@@ -27,6 +28,7 @@ from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits_parallel
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE
 
 # A transformer's GEMMs are large at a few sequences a microbatch; a CNN's or an MLP's need
 # hundreds of samples, so theirs run in powers of two up to what a replica holds (capped).
@@ -36,6 +38,9 @@ RECOMPUTE: tuple[Checkpointing, ...] = ("none", "selective", "per-op", "full")
 # Most model chunks per stage the search tries for interleaved 1F1B: V chunks cut the bubble
 # to (PP - 1) / V passes but send V times as many activations (SC'21 Table 1 ran V of 2-3).
 MAX_VIRTUAL_STAGES = 8
+# Sequences from this long on are also tried with context parallelism (torchtitan turns it on
+# for 32K and longer; below 16K attention is too small a share to gain from it).
+LONG_SEQUENCE = 16384
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,8 @@ class Ranked:
         c = self.config
         cost = (usd_per_gpu_hour * num_gpus * self.step_time_s / 3600
                 if usd_per_gpu_hour is not None else None)
-        return {"tp": c.tensor, "pp": c.pipeline, "dp": c.data,
+        return {"tp": c.tensor, "pp": c.pipeline, "dp": c.data // c.context,
+                "cp": c.context, "ep": c.expert,
                 "microbatch_size": c.microbatch_size, "schedule": c.schedule,
                 "virtual_stages": c.virtual_stages, "zero": c.zero,
                 "sequence_parallel": c.sequence_parallel, "recompute": self.checkpointing,
@@ -94,28 +100,48 @@ def candidates(model: Model, topology: Topology, batch: int) -> Iterator[
         r for r in RECOMPUTE if r not in ("selective", "per-op"))
     tps = [t for t in _divisors(topology.gpus_per_node)
            if heads % t == 0 and (transformer or t == 1)]
+    experts = next((la.experts for la in model.layers if isinstance(la, MoE)), 0)
     for tp in tps:
         for pp in _divisors(topology.num_gpus // tp):
             if pp > 1 and (not transformer or blocks % pp):
                 continue
-            dp = topology.num_gpus // (tp * pp)
-            for mb in _microbatches(model, batch // dp):
-                if batch % (mb * dp):
-                    continue
-                micro = batch // (mb * dp)
-                schedules = [("1f1b", 1)]
-                if pp > 1 and micro % pp == 0:  # Megatron-LM's condition for interleaving
-                    schedules += [("interleaved", v) for v in _divisors(blocks // pp)[1:]
-                                  if v <= MAX_VIRTUAL_STAGES]
-                zeros = (0, 1) if pp > 1 else (0, 1, 2, 3)
-                sps = (False, True) if tp > 1 else (False,)
-                for (sched, v), zero, sp, rec in itertools.product(schedules, zeros, sps,
-                                                                   recomputes):
-                    if dp == 1 and zero:
-                        continue
-                    yield (ParallelConfig(tensor=tp, pipeline=pp, data=dp, microbatch_size=mb,
-                                          schedule=sched, virtual_stages=v, zero=zero,  # type: ignore[arg-type]
-                                          sequence_parallel=sp), rec)
+            ranks = topology.num_gpus // (tp * pp)  # data ranks, context ranks among them
+            for cp, ep in itertools.product(_contexts(model, ranks, tp, topology),
+                                            [e for e in _divisors(ranks)
+                                             if e == 1 or (experts and experts % e == 0)]):
+                yield from _splits(model, batch, tp, pp, ranks, cp, ep, blocks, recomputes)
+
+
+def _contexts(model: Model, ranks: int, tp: int, topology: Topology) -> list[int]:
+    """Context-parallel sizes worth trying: for sequences of 16K tokens and more, those that
+    split the sequence into two chunks a rank and stay inside a node with TP."""
+    seq = model.tokens_per_sample or 0
+    if model.family != "transformer" or seq < LONG_SEQUENCE:
+        return [1]
+    return [c for c in _divisors(ranks)
+            if c == 1 or (seq % (2 * c) == 0 and c * tp <= topology.gpus_per_node)]
+
+
+def _splits(model: Model, batch: int, tp: int, pp: int, ranks: int, cp: int, ep: int,
+            blocks: int, recomputes: tuple[Checkpointing, ...]
+            ) -> Iterator[tuple[ParallelConfig, Checkpointing]]:
+    dp = ranks // cp  # ranks that take samples of their own
+    for mb in _microbatches(model, batch // dp):
+        if batch % (mb * dp):
+            continue
+        micro = batch // (mb * dp)
+        schedules = [("1f1b", 1)]
+        if pp > 1 and micro % pp == 0:  # Megatron-LM's condition for interleaving
+            schedules += [("interleaved", v) for v in _divisors(blocks // pp)[1:]
+                          if v <= MAX_VIRTUAL_STAGES]
+        zeros = (0, 1) if pp > 1 else (0, 1, 2, 3)
+        sps = (False, True) if tp > 1 else (False,)
+        for (sched, v), zero, sp, rec in itertools.product(schedules, zeros, sps, recomputes):
+            if ranks == 1 and zero:
+                continue
+            yield (ParallelConfig(tensor=tp, pipeline=pp, data=ranks, microbatch_size=mb,
+                                  schedule=sched, virtual_stages=v, zero=zero,  # type: ignore[arg-type]
+                                  sequence_parallel=sp, context=cp, expert=ep), rec)
 
 
 def _microbatches(model: Model, per_replica: int) -> tuple[int, ...]:
