@@ -151,3 +151,19 @@ def test_search_tries_expert_parallelism_for_experts() -> None:
     eps = {c.expert for c, _ in candidates(_small_moe(), topo, 16)}
     assert eps == {1, 2, 4, 8}
     assert {c.expert for c, _ in candidates(zoo.get("gpt2"), topo, 16)} == {1}
+
+
+def test_deepseek_v3_counts_its_published_total_and_active_parameters() -> None:
+    """Multi-head latent attention, 3 dense blocks, 256 routed experts (top 8) and a shared
+    one: 671B parameters, 37B active a token (DeepSeek-V3 report)."""
+    v3 = zoo.get("deepseek-v3")
+    assert v3.parameters == pytest.approx(671e9, rel=0.002)
+    moes = [la for la in v3.layers if isinstance(la, MoE)]
+    assert len(moes) == 61 - 3
+    dense = sum(la.params for la in v3.layers if not isinstance(la, MoE))
+    active = dense + sum(m.hidden * m.experts + 3 * m.shared_ffn * m.hidden
+                         + m.top_k * 3 * m.ffn * m.hidden for m in moes)
+    assert active == pytest.approx(37e9, rel=0.03)
+    names = [la.name for la in v3.layers if la.block == "h.0" and "attn" in la.name]
+    assert names[:5] == ["h.0.attn.q_down", "h.0.attn.q_norm", "h.0.attn.q_up",
+                         "h.0.attn.kv_down", "h.0.attn.kv_norm"]

@@ -23,6 +23,7 @@ from gpusim.explore.values import with_fields
 from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
+from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
@@ -69,7 +70,15 @@ def _gpu(text: str) -> DeviceProfile:
     return gpu
 
 
+def _shipped(m: dict[str, Any]) -> str:
+    """The shipped model config a case's model is (for dimensions the case gives as text,
+    as multi-head latent attention's), or ''."""
+    return "deepseek-v3" if str(m.get("name", "")).startswith("DeepSeek-V3") else ""
+
+
 def _model(m: dict[str, Any], seq: int) -> Model:
+    if _shipped(m):
+        return zoo.get(_shipped(m), seq_len=seq)
     gated = bool(m.get("gated_mlp"))
     norm = "rmsnorm" if "rms" in str(m.get("norm", "")) else "layernorm"
     experts = int(m.get("experts") or 0)
@@ -89,8 +98,8 @@ def _model(m: dict[str, Any], seq: int) -> Model:
 def _not_modelled(case: dict[str, Any]) -> str:
     """What the case runs that gpusim cannot express, or ''."""
     m, t = case["model"], case["training"]
-    if not isinstance(m.get("kv_heads", 0), int):
-        return "multi-head latent attention (MLA) is not modelled"
+    if not isinstance(m.get("kv_heads", 0), int) and not _shipped(m):
+        return "multi-head latent attention (MLA) without its dimensions"
     if "sliding" in str(m.get("attention", "")).lower():
         return "sliding-window attention is not modelled"
     if "mi325x" in str(case["hardware"]["gpu"]).lower():

@@ -44,13 +44,12 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
                   "note": "per-head q/k RMS norms not modelled"},
 }
 _OTHERS = ("gpt2", "gpt_neox", "bert", "roberta")
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3")  # MLA attention, dense first blocks, experts
 _NOT_YET = {
-    "deepseek_v2": "a mixture of experts with MLA "
-    "attention", "deepseek_v3": "a mixture of experts with MLA attention",
     "t5": "an encoder-decoder", "vit": "a vision transformer", "clip_vision_model":
     "a vision transformer", "clip": "a vision and text pair",
 }
-SUPPORTED = (*_LLAMA_LIKE, *_OTHERS)
+SUPPORTED = (*_LLAMA_LIKE, *_DEEPSEEK, *_OTHERS)
 
 # The sequence length a config runs at unless told: its context, up to this (long-context
 # models train most tokens at 4-8K and extend the context at the end).
@@ -145,6 +144,27 @@ def _activation(act: str, gated: bool, source: str) -> str:
                        f"(silu or gelu variants are)")
 
 
+def _deepseek(f: _Fields, source: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3: MLA attention, the first blocks dense, routed and shared experts."""
+    if f.count("moe_layer_freq", default=1) != 1:
+        raise InvalidModel(f"{source}: moe_layer_freq other than 1 is not modelled")
+    expert_ffn = f.need("moe_intermediate_size")
+    return {
+        "layers": f.need("num_hidden_layers"), "hidden": f.need("hidden_size"),
+        "heads": f.need("num_attention_heads"), "ffn_hidden": f.need("intermediate_size"),
+        "vocab": f.need("vocab_size"), "norm": "rmsnorm", "positions": "rotary",
+        "activation": _activation(f.text("hidden_act", default="silu"), True, source),
+        "tied_embeddings": f.flag("tie_word_embeddings", False), "bias": False,
+        "experts": f.need("n_routed_experts"), "top_k": f.need("num_experts_per_tok"),
+        "moe_ffn": expert_ffn,
+        "shared_ffn": (f.count("n_shared_experts", default=0) or 0) * expert_ffn,
+        "dense_layers": f.count("first_k_dense_replace", default=0) or 0,
+        "kv_lora_rank": f.need("kv_lora_rank"), "q_lora_rank": f.count("q_lora_rank") or 0,
+        "qk_nope_head_dim": f.need("qk_nope_head_dim"),
+        "qk_rope_head_dim": f.need("qk_rope_head_dim"), "v_head_dim": f.need("v_head_dim"),
+    }
+
+
 def _experts(f: _Fields, family: dict[str, Any], source: str) -> dict[str, Any]:
     """A mixture-of-experts family's expert fields; every block must be sparse."""
     if f.count("decoder_sparse_step", default=1) != 1 or f.data.get("mlp_only_layers"):
@@ -192,6 +212,10 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
         note = family.get("note", "")
         if "experts" in family:
             fields.update(_experts(f, family, source))
+    elif kind in _DEEPSEEK:
+        fields.update(_deepseek(f, source))
+        note = ("multi-token prediction layers not modelled"
+                if f.count("num_nextn_predict_layers", default=0) else "")
     elif kind == "gpt2":
         hidden = f.need("n_embd")
         fields.update(

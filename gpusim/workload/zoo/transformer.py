@@ -6,6 +6,7 @@ the command line (``--model transformer --layers 96 --hidden 12288 ...``) or in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Literal
 
@@ -71,6 +72,17 @@ class TransformerConfig(BaseModel):
     top_k: PosInt = 2
     moe_ffn: PosInt | None = None
     shared_ffn: int = Field(0, ge=0)
+    dense_layers: int = Field(0, ge=0, description="with experts: the first blocks keep a "
+                                                   "dense MLP of ffn_hidden (DeepSeek)")
+    # Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank projection of
+    # q_lora_rank (0: a plain projection), keys and values from one compressed latent of
+    # kv_lora_rank plus a shared rotary key; per head qk_nope + qk_rope dimensions for query
+    # and key, v_head_dim for the value (head_dim is unused)
+    kv_lora_rank: int = Field(0, ge=0)
+    q_lora_rank: int = Field(0, ge=0)
+    qk_nope_head_dim: int = Field(0, ge=0)
+    qk_rope_head_dim: int = Field(0, ge=0)
+    v_head_dim: int = Field(0, ge=0)
     type_vocab: int = Field(0, ge=0, description="BERT token-type embeddings")
     description: str = ""
     source: str = ""
@@ -98,6 +110,35 @@ class TransformerConfig(BaseModel):
 
 def _split(layer: Layer, tp: TensorSplit) -> Layer:
     return replace(layer, tp=tp)
+
+
+def _mla(cfg: TransformerConfig, b: str, s: int, norm: Callable[..., Layer]) -> list[Layer]:
+    """Multi-head latent attention as DeepSeek-V2/V3 train it: the latent and the shared
+    rotary key from one down-projection, each head's key and value up-projected from the
+    latent, queries through their own low-rank pair. The core runs on every head; its cost
+    is a fused kernel's at the mean of the query/key and value head sizes (the products are
+    s x s x d_qk and s x s x d_v)."""
+    h, heads = cfg.hidden, cfg.heads
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    query: list[Layer]
+    if cfg.q_lora_rank:
+        query = [Linear(f"{b}.attn.q_down", h, cfg.q_lora_rank, s, False, block=b),
+                 norm(f"{b}.attn.q_norm", cfg.q_lora_rank, s, block=b),
+                 Linear(f"{b}.attn.q_up", cfg.q_lora_rank, heads * qk, s, False, block=b,
+                        tp="column")]
+    else:
+        query = [Linear(f"{b}.attn.q", h, heads * qk, s, False, block=b, tp="column")]
+    return [
+        *query,
+        Linear(f"{b}.attn.kv_down", h, cfg.kv_lora_rank + cfg.qk_rope_head_dim, s, False,
+               block=b),
+        norm(f"{b}.attn.kv_norm", cfg.kv_lora_rank, s, block=b),
+        Linear(f"{b}.attn.kv_up", cfg.kv_lora_rank,
+               heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), s, False, block=b, tp="column"),
+        Attention(f"{b}.attn.core", heads, (qk + cfg.v_head_dim) // 2, s, heads,
+                  causal=True, fused=cfg.fused_attention, block=b, tp="sharded"),
+        Linear(f"{b}.attn.proj", heads * cfg.v_head_dim, h, s, False, block=b, tp="row"),
+    ]
 
 
 def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Model:
@@ -130,7 +171,7 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
         b = f"h.{i}"
         # GPT, Llama and ViT normalize before each sublayer, BERT after
         pre = cfg.kind != "encoder"
-        attn: list[Layer] = [
+        attn: list[Layer] = _mla(cfg, b, s, norm) if cfg.kv_lora_rank else [
             Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s,
                    cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, block=b, tp="column"),
             Attention(f"{b}.attn.core", cfg.heads, hd, s, kv, causal=cfg.kind == "decoder",
@@ -148,7 +189,7 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
             _split(act(f"{b}.mlp.act", s * cfg.ffn, block=b), "sharded"),
             Linear(f"{b}.mlp.down", cfg.ffn, h, s, cfg.bias, block=b, tp="row"),
         ]
-        if cfg.experts:
+        if cfg.experts and i >= cfg.dense_layers:
             mlp = [MoE(f"{b}.moe", h, cfg.moe_ffn or cfg.ffn, cfg.experts, cfg.top_k, s,
                        gated=gated, shared_ffn=cfg.shared_ffn, block=b, tp="sharded")]
         if cfg.dropout:
