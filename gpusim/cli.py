@@ -154,6 +154,10 @@ def _add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                            "weights (FSDP full sharding)")
     many.add_argument("--sequence-parallel", action="store_true",
                       help="Megatron-LM sequence parallelism (needs --tp > 1)")
+    many.add_argument("--tp-overlap", action="store_true",
+                      help="overlap tensor-parallel collectives with the products beside them, "
+                           "in chunks (Megatron-LM's --tp-comm-overlap, PyTorch's async TP; "
+                           "needs --sequence-parallel)")
     many.add_argument("--no-overlap-grad-reduce", action="store_true",
                       help="reduce data-parallel gradients after the backward pass, not "
                            "during it")
@@ -323,7 +327,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "microbatch_size": args.microbatch_size,
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "pp_layers": args.pp_layers or (), "shard_group": args.shard_group or 0,
-        "sequence_parallel": args.sequence_parallel,
+        "sequence_parallel": args.sequence_parallel, "tp_overlap": args.tp_overlap,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
         "pure_bf16": args.pure_bf16, "stack": args.stack, "attention": args.attention,
         "fp8_recipe": args.fp8_recipe,

@@ -481,3 +481,20 @@ def test_hybrid_sharding_shards_inside_groups_and_replicates_across() -> None:
         estimate(**{**base, "zero": 1}, shard_group=8)
     with pytest.raises(InvalidConfig, match="does not divide the 64 data-parallel ranks"):
         estimate(**base, shard_group=12)
+
+
+def test_tp_overlap_hides_tensor_parallel_collectives_behind_their_products() -> None:
+    """Megatron-LM's --tp-comm-overlap / PyTorch's async TP: the gathers and reduce-scatters
+    run in TP chunks beside the products, so at most one chunk of each stays exposed."""
+    base = {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 16, "precision": "bf16",
+            "num_gpus": 8, "tp": 8, "seq_len": 4096, "microbatch_size": 1,
+            "sequence_parallel": True}
+    plain = estimate(**base).step
+    hidden = estimate(**base, tp_overlap=True).step
+    tp_plain = plain.breakdown_s["tensor_parallel_comm"]
+    tp_hidden = hidden.breakdown_s["tensor_parallel_comm"]
+    assert tp_plain / 8 <= tp_hidden < tp_plain  # every collective keeps a chunk exposed
+    assert hidden.step_time_s < plain.step_time_s
+    assert "TP comm overlapped" in hidden.parallel
+    with pytest.raises(InvalidConfig, match="needs --sequence-parallel"):
+        estimate(**{**base, "sequence_parallel": False}, tp_overlap=True)

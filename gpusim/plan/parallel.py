@@ -164,12 +164,16 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
         if op.layer in layers:
             passes.setdefault((op.phase, op.layer))
     for phase, name in passes:
-        for collective, size, beside in tp_collectives(layers[name], phase, n, act,
-                                                       job.parallel.tensor,
-                                                       job.parallel.sequence_parallel):
+        p = job.parallel
+        for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
+                                                       p.sequence_parallel, p.tp_overlap):
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
-            comm += max(0.0, seconds - hidden)
+            if p.tp_overlap and beside:
+                # split into TP chunks pipelined with the product: one chunk stays exposed
+                comm += max(seconds / p.tensor, seconds - hidden)
+            else:
+                comm += max(0.0, seconds - hidden)
         for collective, size in cp_collectives(layers[name], phase, n, act):
             cp_comm += collective_seconds(collective, cp_group, size)
         for collective, size in ep_collectives(layers[name], phase, n, act):
@@ -301,7 +305,8 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
     cache = {} if cache is None else cache
     layer_chunks, signatures = _split(job, cache)
-    shape = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel, job.precision,
+    shape = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel,
+             p.tp_overlap, job.precision,
              job.checkpointing, job.master_weights, cal.name)
     plans = []
     for index, (layers, signature) in enumerate(zip(layer_chunks, signatures, strict=True)):

@@ -66,6 +66,9 @@ class ParallelConfig:
     # Expert parallelism: groups of this many data-parallel ranks (adjacent, inside a node)
     # each hold 1/expert of every MoE layer's experts and exchange tokens by all-to-all.
     expert: int = 1
+    # Tensor-parallel collectives split into chunks and run beside the products they feed or
+    # follow (Megatron-LM's --tp-comm-overlap, PyTorch's async TP); needs sequence parallelism
+    tp_overlap: bool = False
 
     @property
     def shard_ranks(self) -> int:
@@ -120,6 +123,9 @@ class ParallelConfig:
             raise InvalidConfig("--virtual-stages applies to --schedule interleaved only")
         if self.schedule == "interleaved" and self.pipeline == 1:
             raise InvalidConfig("the interleaved schedule needs pipeline parallelism (--pp > 1)")
+        if self.tp_overlap and not self.sequence_parallel:
+            raise InvalidConfig("--tp-overlap overlaps sequence parallelism's gathers and "
+                                "reduce-scatters: it needs --sequence-parallel (and --tp > 1)")
         if self.sequence_parallel and self.tensor == 1:
             raise InvalidConfig("sequence parallelism splits along tensor-parallel ranks; it "
                                 "needs --tp > 1")
@@ -166,6 +172,8 @@ class ParallelConfig:
                      f"{self.data // self.shard_group}x")
         if self.sequence_parallel:
             text += ", sequence parallel"
+        if self.tp_overlap:
+            text += ", TP comm overlapped"
         return text
 
 

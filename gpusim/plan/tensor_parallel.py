@@ -53,14 +53,18 @@ def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
     return layer
 
 
-Overlap = Literal["dgrad", "wgrad"] | None
+Overlap = Literal["fwd", "dgrad", "wgrad"] | None
 
 
-def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: bool
-                   ) -> list[tuple[Collective, float, Overlap]]:
+def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: bool,
+                   overlap: bool = False) -> list[tuple[Collective, float, Overlap]]:
     """Tensor-parallel collectives a layer's pass issues for ``n`` samples with ``act``-byte
     activations: (collective, bytes of the full buffer as nccl-tests counts it, the layer's
-    GEMM it runs beside, or None when it sits on the critical path)."""
+    GEMM it runs beside, or None when it sits on the critical path). With ``overlap``
+    (Megatron-LM's --tp-comm-overlap, PyTorch's async TP; sequence parallelism only) the
+    gathers before a linear layer's products and the reduce-scatters after them run in
+    chunks beside those products too."""
+    beside: Overlap = "fwd" if overlap and sp else None
     if tensor == 1:
         return []
     if isinstance(layer, CrossEntropy) and layer.tp == "vocab" and phase != "backward":
@@ -82,13 +86,13 @@ def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: 
     if layer.tp == "row":
         size = n * layer.rows * layer.out_features * act
         if phase == "backward":
-            return [("all_gather", size, None)] if sp else []
-        return [("reduce_scatter" if sp else "all_reduce", size, None)]
+            return [("all_gather", size, "dgrad" if beside else None)] if sp else []
+        return [("reduce_scatter" if sp else "all_reduce", size, beside)]
     if layer.tp in ("column", "vocab"):
         size = n * layer.rows * layer.in_features * act
         if phase == "backward":
             if sp:
                 return [("all_gather", size, "dgrad"), ("reduce_scatter", size, "wgrad")]
             return [("all_reduce", size, None)]
-        return [("all_gather", size, None)] if sp else []
+        return [("all_gather", size, beside)] if sp else []
     return []

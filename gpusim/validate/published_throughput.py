@@ -143,8 +143,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         flags.append("torch.compile (predicted eager)")
     if not isinstance(stated, int):
         flags.append("global batch not stated: one microbatch per step assumed")
-    if "async tp on" in str(t.get("other", "")).lower():
-        flags.append("async TP (not modelled)")
+    async_tp = "async tp on" in str(t.get("other", "")).lower()
     stack = _stack(case)
     kwargs: dict[str, Any] = {
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
@@ -158,6 +157,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs["shard_group"] = int(p["dp_shard"])  # hybrid sharding (HSDP)
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
+        kwargs["tp_overlap"] = async_tp
     if pp > 1 and kwargs["zero"] == 3:
         kwargs["zero"] = 1
         flags.append("FSDP with PP predicted as ZeRO-1")
