@@ -331,3 +331,16 @@ def test_a_frozen_product_keeps_no_input(h100: GPUProfile) -> None:
     kept_frozen = activations_by_layer(frozen)[0]
     mlp = [la.name for la in model.layers if isinstance(la, Linear) and ".mlp." in la.name]
     assert all(kept[name] > 0 and kept_frozen[name] == 0 for name in mlp)
+
+
+def test_fsdp_cpu_offload_brings_each_shard_up_before_its_gather() -> None:
+    """Under --offload params the fp32 shard crosses PCIe before every gather (forward and
+    backward), which a short pass cannot hide."""
+    from gpusim.estimate import estimate
+
+    base = {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 8, "num_gpus": 8,
+            "zero": 3, "seq_len": 512, "precision": "bf16"}
+    states = estimate(**base, offload="optimizer").step
+    params = estimate(**base, offload="params").step
+    extra = params.breakdown_s["data_parallel_comm"] - states.breakdown_s["data_parallel_comm"]
+    assert extra > 0.05 and params.step_time_s > states.step_time_s

@@ -11,8 +11,8 @@ host memory, the optimizer step run by the CPU.
 
 The transfers and the CPU step are serial after the backward pass; frameworks that overlap
 the gradients' trip with backward would hide part of the first transfer. Under ``params``
-each unit's shard also crosses PCIe before every gather; that copy is not costed yet, so
-such a step is predicted too fast.
+each chunk's fp32 shard also comes up over PCIe before every gather, forward and backward
+(gpusim.sim.pipeline), on the same stream as the gather.
 """
 
 from __future__ import annotations

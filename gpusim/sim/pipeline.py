@@ -40,7 +40,10 @@ from typing import Any
 
 import simpy
 
+from gpusim.cost.kernels import copy_cost
 from gpusim.errors import InvalidConfig
+from gpusim.hardware.catalog import catalog
+from gpusim.hardware.profile import LinkProfile
 from gpusim.plan.parallel import (
     DDP_BUCKET_BYTES,
     ChunkPlan,
@@ -134,6 +137,10 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     tied = tied_embedding_params(job)
     weight_bytes = job.whole.weight_bytes
     gathered_bytes = job.gathered_weight_bytes
+    pcie = catalog().get(f"pcie{min(job.topology.gpu.pcie_gen, 5)}", LinkProfile)
+
+    def host_copy_s(n_bytes: float) -> float:
+        return copy_cost(n_bytes, pcie.bandwidth, pcie.latency, plan.calibration.pcie_efficiency)
 
     slow_compute: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
     slow_link: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
@@ -238,8 +245,14 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         return out
 
     def gather_weights(unit: tuple[int, int], params: float) -> simpy.Process:
-        return env.process(reduce(unit, "all_gather", params * gathered_bytes,
-                                  "all_gather weights", group="shard"))
+        return env.process(gather(unit, params))
+
+    def gather(unit: tuple[int, int], params: float) -> Any:
+        if job.offload == "params":
+            # FSDP CPU offload: the rank's fp32 shard comes up over PCIe before each gather
+            yield env.timeout(host_copy_s(params / par.shard_ranks * weight_bytes))
+        yield from reduce(unit, "all_gather", params * gathered_bytes, "all_gather weights",
+                          group="shard")
 
     def run_stage(unit: tuple[int, int], st: StagePlan) -> Any:
         r, s = unit
