@@ -106,3 +106,38 @@ def test_micro_predictions_follow_the_roofline() -> None:
     assert times == sorted(times)
     peak_time = 2 * 1024**3 / device.peak_flops("fp32", matrix=True)[0]
     assert times[-1] > peak_time
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"schema_version": 1, "suite": "micro", "device": "h100-sxm", "provenance": {}, '
+     '"cases": [{"id": "g", "kind": "gemm", "median_s": NaN}]}', "not a number"),
+    ('{"schema_version": 1, "suite": "micro", "device": "h100-sxm", "provenance": {}, '
+     '"cases": [{"id": "g", "kind": "gemm", "median_s": -1}]}', "positive number"),
+    ('{"schema_version": 1, "suite": "micro", "device": "h100-sxm", "provenance": {}, '
+     '"cases": [{"kind": "gemm"}]}', "string id and kind"),
+    ('{"schema_version": 1, "suite": "micro", "device": "h100-sxm", "provenance": {}, '
+     '"cases": {}}', "must be a list"),
+    ("\xff\xfe", "not a readable JSON"),
+])
+def test_bad_measurement_files_are_refused_by_name(tmp_path: Path, text: str,
+                                                   message: str) -> None:
+    path = tmp_path / "micro.json"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(InvalidMeasurement, match=message):
+        fit.fit(path)
+
+
+def test_a_measurement_path_must_be_a_small_regular_file(tmp_path: Path) -> None:
+    import os
+
+    with pytest.raises(InvalidMeasurement, match="not a regular file"):
+        results.load(tmp_path)
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidMeasurement, match="not a regular file"):
+        results.load(fifo)  # would block forever if it were opened
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(results.LARGEST_FILE + 1)  # sparse: no disk used
+    with pytest.raises(InvalidMeasurement, match="far larger"):
+        results.load(huge)

@@ -10,6 +10,7 @@ This module needs no torch, so prediction and validation can read files anywhere
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,52 @@ def write(path: str | Path, data: dict[str, Any]) -> Path:
     return path
 
 
+# Far beyond any suite (the models suite with every layer's rows is about 1 MB).
+LARGEST_FILE = 256 * 2**20
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a measurement can hold")
+
+
+def _read(path: Path) -> Any:
+    """The JSON of a regular file of sane size, NaN and Infinity refused."""
+    try:
+        info = path.stat()
+    except FileNotFoundError as exc:
+        raise InvalidMeasurement(f"{path}: no such measurement file") from exc
+    except OSError as exc:
+        raise InvalidMeasurement(f"{path}: cannot be read ({exc.strerror})") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidMeasurement(f"{path}: not a regular file")
+    if info.st_size > LARGEST_FILE:
+        raise InvalidMeasurement(f"{path}: {info.st_size:,} bytes is far larger than any "
+                                 f"measurement file")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"), parse_constant=_no_constant)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidMeasurement(f"{path}: not a readable JSON file ({exc})") from exc
+
+
+def _check_cases(path: Path, cases: Any) -> None:
+    if not isinstance(cases, list):
+        raise InvalidMeasurement(f"{path}: 'cases' must be a list")
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict) or not isinstance(case.get("id"), str) \
+                or not isinstance(case.get("kind"), str):
+            raise InvalidMeasurement(f"{path}: case {i} needs a string id and kind")
+        for key in ("median_s", "p10_s", "p90_s"):
+            value = case.get(key)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float)) or value <= 0):
+                raise InvalidMeasurement(f"{path}: case {case['id']!r} has {key} {value!r}; "
+                                         f"a time must be a positive number of seconds")
+
+
 def load(path: str | Path, suite: str | None = None) -> dict[str, Any]:
     """Read and check a measurement file; ``suite`` demands micro or models."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise InvalidMeasurement(f"{path}: no such measurement file") from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidMeasurement(f"{path}: not a readable JSON file ({exc})") from exc
+    data = _read(path)
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
         raise InvalidMeasurement(f"{path}: expected schema_version {SCHEMA_VERSION}")
     for key in ("suite", "device", "provenance", "cases"):
@@ -46,6 +84,8 @@ def load(path: str | Path, suite: str | None = None) -> dict[str, Any]:
     if suite is not None and data["suite"] != suite:
         raise InvalidMeasurement(f"{path} holds the {data['suite']} suite; this needs the "
                                  f"{suite} suite")
+    if suite == "micro":
+        _check_cases(path, data["cases"])
     return data
 
 
