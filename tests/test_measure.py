@@ -26,6 +26,11 @@ SMALL = [
         "layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn_hidden": 352,
         "vocab": 1000, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
         "tied_embeddings": False, "bias": False}},
+    {"name": "moe-tiny", "seq_len": 16, "transformer": {
+        "layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn_hidden": 352,
+        "vocab": 1000, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
+        "tied_embeddings": False, "bias": False, "experts": 4, "top_k": 2, "moe_ffn": 64,
+        "shared_ffn": 64}},
 ]
 CPU = torch.device("cpu")
 

@@ -28,6 +28,16 @@ LLAMA_BLOCKS_GPU = {"name": "llama-blocks", "transformer": {
     "layers": 4, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
     "vocab": 128256, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
     "tied_embeddings": False, "bias": False}}
+# Blocks of a Qwen3-30B-A3B-like mixture of experts (128 experts of 768, top 8).
+MOE_BLOCKS_GPU = {"name": "moe-blocks", "transformer": {
+    "layers": 4, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
+    "ffn_hidden": 6144, "vocab": 151936, "norm": "rmsnorm", "activation": "swiglu",
+    "positions": "rotary", "tied_embeddings": False, "bias": False, "experts": 128,
+    "top_k": 8, "moe_ffn": 768}}
+MOE_BLOCKS_CPU = {"name": "moe-blocks-small", "transformer": {
+    "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 2, "ffn_hidden": 1024,
+    "vocab": 32000, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
+    "tied_embeddings": False, "bias": False, "experts": 8, "top_k": 2, "moe_ffn": 256}}
 LLAMA_BLOCKS_CPU = {"name": "llama-blocks-small", "transformer": {
     "layers": 2, "hidden": 2048, "heads": 16, "kv_heads": 4, "ffn_hidden": 5632,
     "vocab": 32000, "norm": "rmsnorm", "activation": "swiglu", "positions": "rotary",
@@ -66,6 +76,7 @@ def gpu_cases() -> list[ModelCase]:
         ({"zoo": "gpt2", "seq_len": 1024}, [4, 8], both),
         ({"zoo": "gpt2-medium", "seq_len": 1024}, [4], ["bf16"]),
         ({**LLAMA_BLOCKS_GPU, "seq_len": 2048}, [1, 2], ["bf16"]),
+        ({**MOE_BLOCKS_GPU, "seq_len": 4096}, [1, 2], ["bf16"]),
     ])
 
 
@@ -84,6 +95,7 @@ def cpu_cases() -> list[ModelCase]:
         ({"zoo": "gpt2", "seq_len": 64}, [1], ["bf16"]),
         ({"zoo": "gpt2-medium", "seq_len": 64}, [1], ["fp32"]),
         ({**LLAMA_BLOCKS_CPU, "seq_len": 64}, [1], ["fp32", "bf16"]),
+        ({**MOE_BLOCKS_CPU, "seq_len": 64}, [1], ["fp32", "bf16"]),
     ])
 
 

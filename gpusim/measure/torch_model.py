@@ -22,6 +22,7 @@ from gpusim.errors import InvalidModel
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
 from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE
 
 DROPOUT_P = 0.1
 
@@ -101,6 +102,54 @@ class _Attention(nn.Module):
         return out.transpose(1, 2).reshape(n, a.seq, a.heads * a.head_dim)
 
 
+class _MoE(nn.Module):
+    """A mixture of experts as gpusim costs it (gpusim.workload.moe): the router's product and
+    softmax, the copies gathered into expert order, each expert's products as one batched
+    product over its tokens, the gated activation, the copies weighted and summed back, and
+    shared experts beside them. Routing is balanced by construction (copy j of token t goes
+    to expert (t * k + j) mod E): what the load-balancing loss aims at and what the model
+    assumes, so both time the same work; the router's scores still weight the copies."""
+
+    def __init__(self, layer: MoE) -> None:
+        super().__init__()
+        self.layer = layer
+        h, e, up = layer.hidden, layer.experts, (2 if layer.gated else 1) * layer.ffn
+        self.router = nn.Linear(h, e, bias=False)
+        self.up = nn.Parameter(torch.randn(e, h, up) * 0.02)
+        self.down = nn.Parameter(torch.randn(e, layer.ffn, h) * 0.02)
+        self.shared_up = self.shared_down = None
+        if layer.shared_ffn:
+            self.shared_up = nn.Linear(h, (2 if layer.gated else 1) * layer.shared_ffn,
+                                       bias=False)
+            self.shared_down = nn.Linear(layer.shared_ffn, h, bias=False)
+
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.layer.gated:
+            return F.gelu(x)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.layer
+        n = x.shape[0]
+        tokens = x.reshape(-1, a.hidden)
+        count = tokens.shape[0]
+        scores = self.router(tokens).float().softmax(dim=-1)
+        expert = (torch.arange(count * a.top_k, device=x.device) % a.experts).view(count,
+                                                                                 a.top_k)
+        weights = scores.gather(1, expert).to(tokens.dtype)
+        order = expert.flatten().argsort(stable=True)
+        copies = tokens.repeat_interleave(a.top_k, dim=0)[order]
+        hidden = self._act(torch.bmm(copies.view(a.experts, -1, a.hidden),
+                                     self.up.to(copies.dtype)))
+        out = torch.bmm(hidden, self.down.to(hidden.dtype)).reshape(-1, a.hidden)
+        back = torch.empty_like(out).index_copy(0, order, out)
+        y = (back.view(count, a.top_k, a.hidden) * weights.unsqueeze(-1)).sum(dim=1)
+        if self.shared_up is not None and self.shared_down is not None:
+            y = y + self.shared_down(self._act(self.shared_up(tokens)))
+        return y.view(n, a.rows, a.hidden)
+
+
 class _CrossEntropy(nn.Module):
     def __init__(self, layer: CrossEntropy) -> None:
         super().__init__()
@@ -125,6 +174,8 @@ def layer_module(layer: Layer, inplace: bool = False) -> nn.Module:
         return nn.Embedding(layer.num_embeddings, layer.dim)
     if isinstance(layer, CrossEntropy):
         return _CrossEntropy(layer)
+    if isinstance(layer, MoE):
+        return _MoE(layer)
     raise InvalidModel(f"layer {layer.name}: no PyTorch module for {type(layer).__name__}")
 
 
