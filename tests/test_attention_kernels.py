@@ -73,3 +73,27 @@ def test_every_stack_names_its_attention_kernel_with_a_source() -> None:
 def test_an_unknown_kernel_is_refused() -> None:
     with pytest.raises(InvalidConfig, match="unknown attention kernel 'flash9'"):
         load_stack().with_attention("flash9")
+
+
+def test_sliding_window_attention_counts_only_the_band() -> None:
+    """Each query attends to its last w keys: s w - w (w - 1) / 2 pairs, and a fused kernel
+    walks a band of tiles; Mistral's every block is windowed, Gemma 2's every other."""
+    from gpusim.cost.kernels import attention_tiling
+    from gpusim.workload import zoo
+    from gpusim.workload.attention import Attention
+    from gpusim.workload.numerics import Numerics
+
+    num = Numerics("bf16", "bf16", "bf16")
+    full = Attention("a", 32, 128, 8192, causal=True)
+    band = Attention("a", 32, 128, 8192, causal=True, window=1024)
+    fl = {a.window: sum(o.flops for o in a.forward(1, num) if o.kind == "attention")
+          for a in (full, band)}
+    pairs = 8192 * 1024 - 1024 * 1023 / 2
+    assert fl[1024] == pytest.approx(4 * 32 * 128 * pairs)
+    assert fl[0] == pytest.approx(4 * 32 * 128 * 8192**2 / 2)
+    op = next(o for o in band.forward(1, num) if o.kind == "attention")
+    assert op.attention is not None and 0.8 < attention_tiling(op.attention) <= 1.0
+    windows = [la.window for la in zoo.get("gemma-2-9b").layers if isinstance(la, Attention)]
+    assert windows[:4] == [4096, 0, 4096, 0]
+    assert {la.window for la in zoo.get("mistral-7b").layers
+            if isinstance(la, Attention)} == {4096}

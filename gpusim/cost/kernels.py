@@ -71,6 +71,10 @@ def attention_tiling(shape: AttentionShape) -> float:
     half of each is masked (why short causal sequences run below the long ones' rate)."""
     q, k = shape.queries / ATTENTION_TILE, shape.keys / ATTENTION_TILE
     rows, cols = math.ceil(q), math.ceil(k)
+    if shape.window:  # a band of tiles along the diagonal, window wide
+        w = shape.window / ATTENTION_TILE
+        useful = q * (k * w - w * w / 2) / k
+        return useful / (rows * min(cols, math.ceil(w) + 1))
     useful = q * k
     computed: float = rows * cols
     if shape.causal:

@@ -9,6 +9,7 @@ parallelism) or predicted as the nearest thing it models and flagged
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,12 @@ def _gpu(text: str) -> DeviceProfile:
     return gpu
 
 
+def _window(m: dict[str, Any]) -> int:
+    """The sliding window a case's attention text states (every layer), or 0."""
+    found = re.search(r"window_size (\d+)", str(m.get("attention", "")))
+    return int(found.group(1)) if found else 0
+
+
 def _shipped(m: dict[str, Any]) -> str:
     """The shipped model config a case's model is (for dimensions the case gives as text,
     as multi-head latent attention's), or ''."""
@@ -91,7 +98,7 @@ def _model(m: dict[str, Any], seq: int) -> Model:
         positions="rotary" if gated else "learned", max_positions=None if gated else seq,
         tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated, experts=experts,
         top_k=int(m.get("top_k") or 2), moe_ffn=m.get("expert_ffn_hidden"),
-        shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0))
+        shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0), sliding_window=_window(m))
     return build_transformer(cfg)
 
 
@@ -100,8 +107,8 @@ def _not_modelled(case: dict[str, Any]) -> str:
     m, t = case["model"], case["training"]
     if not isinstance(m.get("kv_heads", 0), int) and not _shipped(m):
         return "multi-head latent attention (MLA) without its dimensions"
-    if "sliding" in str(m.get("attention", "")).lower():
-        return "sliding-window attention is not modelled"
+    if "sliding" in str(m.get("attention", "")).lower() and not _window(m):
+        return "sliding-window attention without its window size"
     if "mi325x" in str(case["hardware"]["gpu"]).lower():
         return "no MI325X profile"
     if not str(t.get("precision", "")).startswith(("bf16", "fp8")):

@@ -43,6 +43,8 @@ class Attention(Layer):
     # context parallelism gives each rank a slice of the sequence and gathers K and V from
     # the others (0: the same as ``seq``).
     kv_seq: int = 0
+    # Sliding-window attention: each query attends to the last ``window`` keys only (0: all)
+    window: int = 0
 
     @property
     def _kv(self) -> int:
@@ -67,12 +69,22 @@ class Attention(Layer):
         return n * self.head_dim * (2 * self.heads * self.seq + 2 * self._kv * self.keys)
 
     def _shape(self, n: int) -> AttentionShape:
-        return AttentionShape(n * self.heads, self.seq, self.keys, self.causal)
+        return AttentionShape(n * self.heads, self.seq, self.keys, self.causal,
+                              self._window)
+
+    @property
+    def _window(self) -> int:
+        """The window where it is shorter than the keys (0: every key counts)."""
+        return self.window if 0 < self.window < self.keys else 0
 
     def _fused_flops(self, n: int) -> float:
         # Causal context parallelism deals each rank matching chunks from both ends of the
         # sequence (torchtitan's load balancing), so half its score tiles are masked too.
-        flops = 4.0 * n * self.heads * self.seq * self.keys * self.head_dim
+        per_pair = 4.0 * n * self.heads * self.head_dim
+        w = self._window
+        if w:  # query i attends to min(i, w) keys: s w - w (w - 1) / 2 pairs in all
+            return per_pair * self.seq / self.keys * (self.keys * w - w * (w - 1) / 2)
+        flops = per_pair * self.seq * self.keys
         return flops / 2 if self.causal else flops
 
     def _score_gemms(self, n: int, names: tuple[str, ...], num: Numerics) -> list[Op]:

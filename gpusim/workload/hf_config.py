@@ -30,10 +30,12 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
     "qwen3": {"note": "per-head q/k RMS norms not modelled"},
     "phi3": {},
     "gemma": {"tied": True},
-    "gemma2": {"tied": True, "note": "post-attention and post-MLP norms and logit "
-                                     "soft-capping not modelled"},
-    "gemma3_text": {"tied": True, "note": "post-attention and post-MLP norms and per-head "
-                                          "q/k norms not modelled"},
+    "gemma2": {"tied": True, "global_every": 2,
+               "note": "post-attention and post-MLP norms and logit soft-capping not "
+                       "modelled"},
+    "gemma3_text": {"tied": True, "global_every": "sliding_window_pattern",
+                    "note": "post-attention and post-MLP norms and per-head q/k norms not "
+                            "modelled"},
     # mixtures of experts: every block's MLP replaced by routed experts
     "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
     "qwen2_moe": {"qkv_bias": True, "experts": "num_experts",
@@ -165,6 +167,18 @@ def _deepseek(f: _Fields, source: str) -> dict[str, Any]:
     }
 
 
+def _window(f: _Fields, family: dict[str, Any]) -> dict[str, Any]:
+    """Sliding-window attention as the family applies it: to every block (Mistral, Phi-3),
+    every other (Gemma 2), or all but every n-th (Gemma 3); Qwen2 only when it says so."""
+    window = f.count("sliding_window")
+    if window is None or f.data.get("use_sliding_window") is False:
+        return {}
+    every = family.get("global_every", 0)
+    if isinstance(every, str):
+        every = f.count(every, default=6)
+    return {"sliding_window": window, "global_every": every}
+
+
 def _experts(f: _Fields, family: dict[str, Any], source: str) -> dict[str, Any]:
     """A mixture-of-experts family's expert fields; every block must be sparse."""
     if f.count("decoder_sparse_step", default=1) != 1 or f.data.get("mlp_only_layers"):
@@ -212,6 +226,7 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
         note = family.get("note", "")
         if "experts" in family:
             fields.update(_experts(f, family, source))
+        fields.update(_window(f, family))
     elif kind in _DEEPSEEK:
         fields.update(_deepseek(f, source))
         note = ("multi-token prediction layers not modelled"

@@ -80,6 +80,7 @@ class AttentionShape:
     queries: int
     keys: int
     causal: bool
+    window: int = 0  # sliding window (0: every key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,10 @@ class TransformerConfig(BaseModel):
     # q_lora_rank (0: a plain projection), keys and values from one compressed latent of
     # kv_lora_rank plus a shared rotary key; per head qk_nope + qk_rope dimensions for query
     # and key, v_head_dim for the value (head_dim is unused)
+    # Sliding-window attention (Mistral, Phi-3, Gemma 2/3, GPT-OSS): blocks attend to the
+    # last sliding_window tokens only, except every global_every-th block (0: none global)
+    sliding_window: int = Field(0, ge=0)
+    global_every: int = Field(0, ge=0)
     kv_lora_rank: int = Field(0, ge=0)
     q_lora_rank: int = Field(0, ge=0)
     qk_nope_head_dim: int = Field(0, ge=0)
@@ -178,6 +182,9 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
                       fused=cfg.fused_attention, dropout=cfg.dropout, block=b, tp="sharded"),
             Linear(f"{b}.attn.proj", cfg.heads * hd, h, s, cfg.bias, block=b, tp="row"),
         ]
+        if cfg.sliding_window and not (cfg.global_every and (i + 1) % cfg.global_every == 0):
+            attn = [replace(la, window=cfg.sliding_window) if isinstance(la, Attention) else la
+                    for la in attn]
         if cfg.dropout:
             attn.append(_split(dropout(f"{b}.attn.dropout", s * h, block=b), "sequence"))
         attn.append(_split(residual_add(f"{b}.attn.add", s * h, block=b), "sequence"))
