@@ -76,11 +76,14 @@ class FitResult:
 BOTH_PASSES = "forward+backward"
 
 
+def _stored(path: Path_) -> Path_:
+    """Where a parameter's value is read back: a tied pair's forward factor."""
+    return (*path[:-1], "forward") if path[-1] == BOTH_PASSES else path
+
+
 def _get(data: dict[str, Any], path: Path_) -> float:
     node: Any = data
-    if path[-1] == BOTH_PASSES:
-        path = (*path[:-1], "forward")
-    for key in path:
+    for key in _stored(path):
         node = node[key]
     return float(node)
 
@@ -88,9 +91,7 @@ def _get(data: dict[str, Any], path: Path_) -> float:
 def _has(data: dict[str, Any], path: Path_) -> bool:
     """Whether the fit set ``path`` (one no case moves is left as the defaults have it)."""
     node: Any = data
-    if path[-1] == BOTH_PASSES:
-        path = (*path[:-1], "forward")
-    for key in path:
+    for key in _stored(path):
         if not isinstance(node, dict) or key not in node:
             return False
         node = node[key]

@@ -22,8 +22,8 @@ from gpusim.cost.kernels import (
     optimizer_host_s,
 )
 from gpusim.hardware.calibration import Calibration
-from gpusim.hardware.catalog import catalog
-from gpusim.hardware.profile import DeviceProfile, GPUProfile, LinkProfile
+from gpusim.hardware.catalog import catalog, host_link
+from gpusim.hardware.profile import DeviceProfile, GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import OPTIMIZER_PASSES, pass_ops
 from gpusim.validate.compare import isolated_layer_times, layer_seconds
@@ -187,7 +187,7 @@ def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> fl
     if kind == "host_copy":
         if not isinstance(device, GPUProfile):
             raise ValueError("host copies are measured on GPUs only")
-        link = catalog().get(f"pcie{min(device.pcie_gen, 5)}", LinkProfile)
+        link = host_link(device)
         return copy_cost(case["bytes"], link.bandwidth, link.latency, cal.pcie_efficiency)
     if kernel_timed(case):
         return sum(kernel_cost(op, device, cal).seconds for op in case_ops(case, device))

@@ -259,6 +259,12 @@ def load_gpu(name_or_path: str) -> GPUProfile:
     return _load(name_or_path, GPUProfile, "a GPU")
 
 
+def host_link(gpu: GPUProfile) -> LinkProfile:
+    """The PCIe link between ``gpu`` and its host: the catalog's link of its generation
+    (PCIe 5 for anything newer)."""
+    return catalog().get(f"pcie{min(gpu.pcie_gen, 5)}", LinkProfile)
+
+
 def load_cpu(name_or_path: str) -> CPUProfile:
     return _load(name_or_path, CPUProfile, "a CPU")
 

@@ -23,7 +23,7 @@ from gpusim.cost.kernels import (
     optimizer_host_s,
 )
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.hardware.catalog import catalog
+from gpusim.hardware.catalog import host_link
 from gpusim.hardware.profile import GPUProfile, LinkProfile
 from gpusim.plan.autocast import (
     LayerPrecision,
@@ -261,7 +261,7 @@ def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool,
 def _host_link(job: TrainingJob) -> LinkProfile | None:
     if not isinstance(job.device, GPUProfile) or job.loader_workers == 0:
         return None
-    return catalog().get(f"pcie{min(job.device.pcie_gen, 5)}", LinkProfile)
+    return host_link(job.device)
 
 
 def _to_kernel(op: Op, job: TrainingJob, cal: Calibration, host_s: float) -> Kernel:

@@ -23,8 +23,8 @@ from gpusim.comm.topology import system_for_gpu
 from gpusim.cost.kernels import copy_cost
 from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration
-from gpusim.hardware.catalog import catalog, load_cpu
-from gpusim.hardware.profile import GPUProfile, LinkProfile, SystemProfile
+from gpusim.hardware.catalog import host_link, load_cpu
+from gpusim.hardware.profile import GPUProfile, SystemProfile
 
 Offload = Literal["none", "optimizer", "params"]
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "params")
@@ -45,7 +45,7 @@ def offload_seconds(params: float, grad_bytes: int, weight_bytes: int, gpu: GPUP
     """Seconds a step spends on an offloaded optimizer for ``params`` parameters: the
     gradients down, the CPU's step, the weights up. ``sharing`` GPUs of a node share its
     CPUs' memory bandwidth."""
-    link = catalog().get(f"pcie{min(gpu.pcie_gen, 5)}", LinkProfile)
+    link = host_link(gpu)
     down = copy_cost(params * grad_bytes, link.bandwidth, link.latency, cal.pcie_efficiency)
     up = copy_cost(params * weight_bytes, link.bandwidth, link.latency, cal.pcie_efficiency)
     cpu_bw = _host_bandwidth(gpu, system) / max(sharing, 1)

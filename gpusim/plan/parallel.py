@@ -163,8 +163,8 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
         gemm_s[(op.layer, op.name.rsplit(".", 1)[-1])] += cost
         if op.layer in layers:
             passes.setdefault((op.phase, op.layer))
+    p = job.parallel
     for phase, name in passes:
-        p = job.parallel
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
                                                        p.sequence_parallel, p.tp_overlap):
             seconds = collective_seconds(collective, tp_group, size)

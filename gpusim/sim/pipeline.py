@@ -42,8 +42,7 @@ import simpy
 
 from gpusim.cost.kernels import copy_cost
 from gpusim.errors import InvalidConfig
-from gpusim.hardware.catalog import catalog
-from gpusim.hardware.profile import LinkProfile
+from gpusim.hardware.catalog import host_link
 from gpusim.plan.parallel import (
     DDP_BUCKET_BYTES,
     ChunkPlan,
@@ -137,7 +136,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     tied = tied_embedding_params(job)
     weight_bytes = job.whole.weight_bytes
     gathered_bytes = job.gathered_weight_bytes
-    pcie = catalog().get(f"pcie{min(job.topology.gpu.pcie_gen, 5)}", LinkProfile)
+    pcie = host_link(job.topology.gpu)
 
     def host_copy_s(n_bytes: float) -> float:
         return copy_cost(n_bytes, pcie.bandwidth, pcie.latency, plan.calibration.pcie_efficiency)
