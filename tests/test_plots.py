@@ -1,31 +1,43 @@
-"""The plots of a training estimate (timeline, memory, scaling, roofline), the scaling rows
-behind one of them, and the CLI flags that write them."""
+"""The plots of a training estimate (timeline, memory, scaling, roofline), of a device
+comparison and of a sweep, the scaling rows behind one of them, and the CLI flags that write
+them. Besides what each plot shows, the tests check what a reader would stumble on: text
+outside the figure, labels over each other, raw field names and missing units."""
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
 import re
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
 
 import gpusim.explore.scaling
+import gpusim.plotting.fields
 from gpusim import units
 from gpusim.cli import main
 from gpusim.errors import InvalidConfig
 from gpusim.estimate import estimate, resolve_model
+from gpusim.explore.compare import Comparison, compare
 from gpusim.explore.scaling import ScalingRow, scaling
+from gpusim.explore.sweep import METRICS, SweepResult
 from gpusim.hardware.catalog import load_device
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import lower
 from gpusim.plan.memory import ALLOCATOR_SLACK
+from gpusim.plotting.compare import compare_figure, pareto_front, staircase
 from gpusim.plotting.memory import memory_figure
 from gpusim.plotting.roofline import roofline_figure
 from gpusim.plotting.scaling import scaling_figure
+from gpusim.plotting.sweep import sweep_figure
 from gpusim.plotting.timeline import MAX_STAGES, stage_sample, step_figure
 from gpusim.report import TrainingEstimate
 
@@ -50,9 +62,27 @@ def pipeline() -> TrainingEstimate:
 
 
 def _saves(fig: Figure, tmp_path: Path) -> None:
+    """The figure writes a PNG, and nothing in its layout (titles, tick and axis labels,
+    legends, annotations) reaches past its edges."""
     path = tmp_path / "figure.png"
     fig.savefig(path, dpi=60)
     assert path.read_bytes()[:8] == PNG
+    drawn = fig.get_tightbbox(_renderer(fig))
+    width, height = fig.get_size_inches()
+    assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01, drawn
+    assert drawn.x1 <= width + 0.01 and drawn.y1 <= height + 0.01, drawn
+
+
+def _renderer(fig: Figure) -> Any:
+    """Draw ``fig`` (layout, ticks and all) on an Agg canvas; its renderer."""
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def _overlap(a: Bbox, b: Bbox) -> bool:
+    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
 
 
 def _legend(ax: Axes) -> list[str]:
@@ -101,6 +131,22 @@ def test_deep_pipelines_show_evenly_spaced_stages() -> None:
     assert gantt.get_yticklabels()[-1].get_text() == "stage 11\nrank 11"
 
 
+def test_stage_names_stand_clear_of_stream_names(pipeline: TrainingEstimate,
+                                                tmp_path: Path) -> None:
+    """The stage names sit left of the widest stream name, even a per-rank trace's."""
+    per_rank = estimate("gpt3-125m", "h100-sxm", 32, precision="bf16", seq_len=128,
+                        num_gpus=16, pp=2, microbatch_size=1, per_rank=True)
+    for result in (pipeline, per_rank):
+        fig = step_figure(result)
+        gantt = fig.axes[0]
+        renderer = _renderer(fig)
+        stages = [t.get_window_extent(renderer) for t in gantt.get_yticklabels()]
+        streams = [t.get_window_extent(renderer) for t in gantt.get_yticklabels(minor=True)]
+        assert max(b.x1 for b in stages) < min(b.x0 for b in streams)
+        _saves(fig, tmp_path)
+    assert "dp 7 compute" in [t.get_text() for t in gantt.get_yticklabels(minor=True)]
+
+
 def _stacked_gib(fig: Figure) -> list[float]:
     """The height of each stacked bar, left to right."""
     totals: dict[float, float] = {}
@@ -135,6 +181,22 @@ def test_memory_one_bar_per_estimate(resnet: TrainingEstimate, gpt2: TrainingEst
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert len(labels) == 3 and labels[2].startswith("8 x h100-sxm")
     assert ax.get_ylabel() == "memory per GPU (GiB)"
+
+
+def test_memory_label_of_a_nearly_full_bar_clears_its_limit(tmp_path: Path) -> None:
+    full = estimate("gpt2-xl", "h100-sxm", 15, precision="bf16", seq_len=1024)
+    half = estimate("gpt2-xl", "h100-sxm", 8, precision="bf16", seq_len=1024)
+    fig = memory_figure([full, half])
+    ax = fig.axes[0]
+    renderer = _renderer(fig)
+    (line,) = ax.collections
+    limits = [Bbox(ax.transData.transform(segment)) for segment in line.get_segments()]
+    labels = [t for t in ax.texts if "GiB" in t.get_text()]
+    assert labels[0].get_text().endswith("(97%)")
+    for text, limit in zip(labels, limits, strict=True):
+        assert not _overlap(text.get_window_extent(renderer), limit.padded(1))
+    assert labels[1].xy[1] < labels[0].xy[1]  # a half-full bar keeps its label at its top
+    _saves(fig, tmp_path)
 
 
 def test_weak_scaling_rows() -> None:
@@ -200,6 +262,13 @@ def test_scaling_figure(tmp_path: Path) -> None:
     assert "does not run" in _legend(right)
     assert [t.get_text() for t in left.get_xticklabels()] == ["1", "2", "4", "8"]
     assert "1 of 4 GPU counts do not run" in fig.texts[0].get_text()
+    # Where scaling is ideal the lines coincide: the dashed ideal draws on top.
+    assert ideal.get_zorder() > predicted.get_zorder()
+    renderer = _renderer(fig)
+    for ax in (left, right):  # legends below their panels, clear of the floor's crosses
+        assert not _overlap(ax.get_legend().get_window_extent(renderer),
+                            ax.get_window_extent(renderer))
+    assert not any("$" in t.get_text() for t in left.get_yticklabels())  # 20, not 2x10^1
     _saves(fig, tmp_path)
     with pytest.raises(InvalidConfig, match="no GPU count runs"):
         scaling_figure([_row(1, None)])
@@ -272,7 +341,9 @@ def test_scaling_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             "2", "--plot", str(plot)]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "GPUs  batch (samples)   step (ms)    samples/s       tokens/s  efficiency (%)" in out
+    header = next(line for line in out.splitlines() if "GPUs" in line).split()
+    assert header == ["GPUs", "batch", "(samples)", "step", "(ms)", "samples/s", "tokens/s",
+                      "efficiency", "(%)"]
     assert "does not run on 1 GPU: 1 GPUs do not split" in out
     assert plot.read_bytes()[:8] == PNG
     assert main([*argv[:-2], "--json"]) == 0
@@ -300,3 +371,151 @@ def test_scaling_help(capsys: pytest.CaptureFixture[str]) -> None:
         main(["scaling", "--help"])
     assert done.value.code == 0
     assert "--batch-size-per-gpu" in capsys.readouterr().out
+
+
+# --- device comparison ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compared() -> list[Comparison]:
+    """One step of GPT-2 on four devices (the l4 has no purchase price, so no cost to own)."""
+    return compare("gpt2", ["h100-sxm", "a100-80gb", "l4", "rtx-4090"], batch_size=16)
+
+
+def _points(collection: Any) -> list[tuple[float, float]]:
+    return [(float(x), float(y)) for x, y in collection.get_offsets()]
+
+
+def test_compare_draws_the_pareto_front_its_title_names(compared: list[Comparison],
+                                                        tmp_path: Path) -> None:
+    fig = compare_figure(compared)
+    bars, plane = fig.axes
+    assert "dashed: Pareto front" in plane.get_title()
+    assert bars.get_xlabel() == "time to train (milliseconds, log scale)"  # a one-step run
+    assert plane.get_xlabel() == "time to train (milliseconds)"
+    scatters = [c for c in plane.collections if not c.get_label().startswith("_")]
+    assert [c.get_label().split(" (")[0] for c in scatters] == ["rent", "own"]
+    dashed = [line for line in plane.get_lines() if line.get_linestyle() == "--"]
+    assert len(dashed) == len(scatters)
+    for scatter, line in zip(scatters, dashed, strict=True):
+        points = _points(scatter)
+        front = [points[i] for i in pareto_front(points)]
+        steps = list(zip(line.get_xdata(), line.get_ydata(), strict=True))
+        assert steps == list(zip(*staircase(front), strict=True))
+        assert set(front) <= set(steps)
+        beaten = [p for p in points if p not in front]
+        assert not set(beaten) & set(steps)
+    assert "no price for l4" in _legend(plane)[1]  # why the l4 has no square
+    assert any(t.startswith("Pareto front") for t in _legend(plane))
+    _saves(fig, tmp_path)
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_compare_labels_stay_inside_and_apart(compared: list[Comparison], devices: int,
+                                              tmp_path: Path) -> None:
+    """Each point's label (``8 x rtx-4090`` is long) inside the plane and off the others;
+    each bar's value inside its panel."""
+    rows = [dataclasses.replace(r, num_devices=devices) for r in compared]
+    fig = compare_figure(rows)
+    bars, plane = fig.axes
+    renderer = _renderer(fig)
+    labels = [t for t in plane.texts if t.get_text()]
+    names = {r.device.name: r.device.name if devices == 1 else f"8 x {r.device.name}"
+             for r in rows}
+    owned = [n for n in names if n != "l4"]  # a point for renting each, and owning all but one
+    assert sorted(t.get_text() for t in labels) == sorted([*names.values(),
+                                                           *(names[n] for n in owned)])
+    frame = plane.get_window_extent(renderer)
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for box in boxes:
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, box
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1, box
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    right = bars.get_window_extent(renderer).x1
+    assert all(t.get_window_extent(renderer).x1 <= right for t in bars.texts)
+    _saves(fig, tmp_path)
+
+
+# --- sweeps -----------------------------------------------------------------------------------
+
+def _swept(fields: tuple[str, ...], points: list[tuple[Any, ...]],
+           values: dict[str, list[float | None]]) -> SweepResult:
+    rows = []
+    for i, point in enumerate(points):
+        row: dict[str, Any] = dict(zip(fields, point, strict=True))
+        row.update(dict.fromkeys(METRICS), **{m: v[i] for m, v in values.items()}, fits=True)
+        rows.append(row)
+    return SweepResult(fields, tuple(rows))
+
+
+def _raw(text: str) -> bool:
+    """A name as the code spells it rather than as a reader would."""
+    return "_" in text or "gpu." in text
+
+
+def test_sweep_axes_are_words_with_units(tmp_path: Path) -> None:
+    assert doctest.testmod(gpusim.plotting.fields).failed == 0
+    fields = ("batch_size", "gpu.memory_bandwidth_gb_s")
+    points = [(b, bw) for b in (8, 16, 32) for bw in (1000, 2000, 3350)]
+    fig = sweep_figure(_swept(fields, points, {"step_time_s": [0.1 * (i + 1) for i in
+                                                               range(9)]}))
+    heat, colorbar = fig.axes
+    assert heat.get_xlabel() == "batch size (samples)"
+    assert heat.get_ylabel() == "memory bandwidth (GB/s)"
+    assert colorbar.get_ylabel() == "step time (s)"
+    assert not any(map(_raw, (heat.get_title(), heat.get_xlabel(), heat.get_ylabel())))
+    _saves(fig, tmp_path)
+    memory = [20 * units.GIB, 30 * units.GIB]
+    fig = sweep_figure(_swept(("gpu.matrix_tflops.bf16",), [(400,), (800,)],
+                              {"peak_memory_bytes": memory}), "peak_memory_bytes")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "matrix peak, bf16 (TFLOP/s)"
+    assert ax.get_ylabel() == "peak memory (GiB)" and ax.get_title() == "peak memory"
+    assert list(ax.get_lines()[0].get_ydata()) == memory  # bytes, as the sweep records them
+    _renderer(fig)
+    ticks = [float(t.get_text()) for t in ax.get_yticklabels()]  # but ticked in round GiB
+    assert len(ticks) >= 3 and all(t == round(t) for t in ticks)
+    assert [t * units.GIB for t in ticks] == pytest.approx(list(ax.get_yticks()))
+    _saves(fig, tmp_path)
+    fig = sweep_figure(_swept(("precision",), [("fp32",), ("bf16",)],
+                              {"mfu": [0.2, 0.45]}), "mfu")
+    bars = fig.axes[0]
+    assert bars.get_xlabel() == "precision" and bars.get_ylabel() == "MFU (% of peak FLOP/s)"
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["fp32", "bf16"]
+    _renderer(fig)
+    assert "40" in [t.get_text() for t in bars.get_yticklabels()]  # percent, not 0.4
+    _saves(fig, tmp_path)
+
+
+def test_sweep_lines_that_coincide_stay_visible(tmp_path: Path) -> None:
+    precisions = ("fp32", "fp16", "bf16", "fp8")
+    points = [(bw, p) for bw in (1000, 2000, 4000) for p in precisions]
+    times = {"fp32": [3.0, 2.0, 1.5], "fp16": [1.5, 1.0, 0.8], "bf16": [1.5, 1.0, 0.8],
+             "fp8": [1.504, 1.002, 0.801]}
+    step = [times[p][(1000, 2000, 4000).index(bw)] for bw, p in points]
+    fig = sweep_figure(_swept(("gpu.memory_bandwidth_gb_s", "precision"), points,
+                              {"step_time_s": list(step)}))
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "memory bandwidth (GB/s)" and ax.get_ylabel() == "step time (s)"
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == [
+        "precision=fp32", "precision=fp16", "precision=bf16 (same as precision=fp16)",
+        "precision=fp8 (within 1% of precision=fp16)"]
+    assert list(lines[2].get_ydata()) == times["bf16"]  # the data stay as they are
+    # Each line its own marker and dashes, later markers smaller and hollow: nested, not hidden.
+    assert len({line.get_marker() for line in lines}) == len(lines)
+    assert len({str(line.get_linestyle()) for line in lines}) == len(lines)
+    sizes = [line.get_markersize() for line in lines]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
+    assert all(line.get_markerfacecolor() == "none" for line in lines)
+    _saves(fig, tmp_path)
+
+
+def test_sweep_log_axis_ticks_at_the_values_tried() -> None:
+    batches = [1, 2, 4, 8, 16, 32]
+    fig = sweep_figure(_swept(("batch_size",), [(b,) for b in batches],
+                              {"tokens_per_s": [float(b) for b in batches]}), "tokens_per_s")
+    ax = fig.axes[0]
+    _renderer(fig)
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(b) for b in batches]
+    assert ax.get_ylabel() == "throughput (tokens/s)" and np.isfinite(ax.get_ylim()).all()

@@ -22,6 +22,7 @@ MEMORY_COLORS = {
     "weight_copies": "#8172B3", "activations": "#C44E52", "transient": "#937860",
     "library_workspaces": "#CCB974", "framework_reserved": "#8C8C8C",
 }
+NEAR_FULL = 0.8  # above this share of the usable memory, a bar's label goes above its line
 
 
 def _bar_label(result: TrainingEstimate) -> str:
@@ -54,7 +55,9 @@ def memory_figure(results: TrainingEstimate | Sequence[TrainingEstimate],
     ax.hlines(usable, [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="black",
               linestyles="--", label=f"usable memory (capacity less {ALLOCATOR_SLACK:.0%})")
     for x, total, limit in zip(xs, bottoms, usable, strict=True):
-        ax.annotate(f"{total:.1f} of {limit:.1f} GiB\n({total / limit:.0%})", (x, total),
+        # A bar near its limit has its label above the limit's line, not struck through by it.
+        top = limit if total > NEAR_FULL * limit else total
+        ax.annotate(f"{total:.1f} of {limit:.1f} GiB\n({total / limit:.0%})", (x, top),
                     xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
                     fontsize=8)
     ax.set_xticks(list(xs), [_bar_label(r) for r in results], fontsize=8)

@@ -15,6 +15,7 @@ from matplotlib.ticker import FixedLocator, ScalarFormatter
 
 from gpusim.errors import InvalidConfig
 from gpusim.explore.scaling import ScalingRow
+from gpusim.plotting.ticks import plain_log
 
 
 def _gpu_axis(ax: Axes, counts: list[int]) -> None:
@@ -41,16 +42,18 @@ def scaling_figure(rows: Sequence[ScalingRow], title: str | None = None) -> Figu
     counts = sorted({r.num_gpus for r in rows})
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     left, right = fig.subplots(1, 2)
+    # The ideal lines draw over the predictions: where scaling is perfect the two coincide,
+    # and grey dashes on the coloured line still show both.
     left.plot(counts, [rate[0] * n / gpus[0] for n in counts], color="grey", ls="--",
-              label=f"linear from {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}")
-    left.plot(gpus, rate, marker="o", label="predicted")
+              label=f"linear from {gpus[0]} GPU{'s' if gpus[0] > 1 else ''}", zorder=3)
+    left.plot(gpus, rate, marker="o", label="predicted", zorder=2)
     left.set_yscale("log")
+    plain_log(left.yaxis)
     left.set_ylabel(f"throughput ({unit})")
     left.set_title("Throughput")
-    left.legend(loc="upper left", fontsize=8)
-    right.axhline(100, color="grey", ls="--", label="ideal")
+    right.axhline(100, color="grey", ls="--", label="ideal", zorder=3)
     right.plot(gpus, [100 * (r.efficiency or 0.0) for r in ran], marker="o", color="C1",
-               label="predicted")
+               label="predicted", zorder=2)
     failed = [r.num_gpus for r in rows if not r.fits]
     if failed:
         right.plot(failed, [0] * len(failed), "x", color="C3", ms=10, mew=2, clip_on=False,
@@ -59,9 +62,11 @@ def scaling_figure(rows: Sequence[ScalingRow], title: str | None = None) -> Figu
     right.set_ylim(0, top)
     right.set_ylabel("scaling efficiency (%)")
     right.set_title("Efficiency: throughput per GPU over the first that runs")
-    right.legend(loc="best", fontsize=8)
     for ax in (left, right):
         _gpu_axis(ax, counts)
+        # below the panel: inside, it covered the crosses on the floor or the curves
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8,
+                  frameon=False)
     note = f"; {len(failed)} of {len(rows)} GPU counts do not run" if failed else ""
     fig.suptitle((title or "Scaling") + note)
     return fig

@@ -15,19 +15,31 @@ matplotlib.use("Agg")  # files only; no display is assumed
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from gpusim.errors import InvalidConfig
 from gpusim.explore.sweep import METRICS, SweepResult
 from gpusim.explore.values import is_number
+from gpusim.plotting.fields import label, quantity
+from gpusim.plotting.ticks import ROUND, ScaledLocator, at_values, plain, show_scaled
 
 PLOTTABLE = tuple(m for m in METRICS if m not in ("fits", "error"))
 MAX_PANELS = 12  # heatmaps side by side; more is unreadable
+# Marker and line style of each line in turn, so that lines that coincide stay visible: later
+# lines draw smaller hollow markers inside earlier ones, and dashes over solid lines.
+STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1, 1, 1))),
+          ("P", (0, (1, 2))), ("X", (0, (8, 2))))
+# Relative difference at every point below which two lines are the same, and below which
+# they are drawn over each other at any size a plot is read at; the legend says which.
+SAME, NEAR = 1e-9, 0.01
 
 
 def sweep_figure(result: SweepResult, metric: str = "step_time_s") -> Figure:
     """Plot ``metric`` over the sweep: with one numeric varied field a line per combination
     of the other fields; with two or more, a heatmap of the first two (one panel per
-    combination of the rest); with none, one bar per point."""
+    combination of the rest); with none, one bar per point. Axes name fields and metrics in
+    words with their units (``fields.quantity``); lines that coincide keep distinct markers
+    and dashes, and the legend names the line each one hides."""
     if metric not in PLOTTABLE:
         raise InvalidConfig(f"cannot plot {metric!r}; metrics: {', '.join(PLOTTABLE)}")
     numeric = [f for f in result.fields if all(is_number(v) for v in result.column(f))]
@@ -44,7 +56,7 @@ def _value(row: dict[str, Any], metric: str) -> float:
 
 
 def _label(row: dict[str, Any], fields: list[str]) -> str:
-    return ", ".join(f"{f}={row[f]}" for f in fields)
+    return ", ".join(quantity(f).setting(row[f]) for f in fields)
 
 
 def _groups(result: SweepResult, rest: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -56,9 +68,9 @@ def _groups(result: SweepResult, rest: list[str]) -> dict[str, list[dict[str, An
 
 
 def _title(result: SweepResult, metric: str, shown_as: str) -> str:
-    failed = result.infeasible
-    return metric + (f" ({failed} of {len(result.rows)} points do not run: {shown_as})"
-                     if failed else "")
+    failed = result.infeasible  # the unit is on the axis
+    return quantity(metric).words + (
+        f" ({failed} of {len(result.rows)} points do not run: {shown_as})" if failed else "")
 
 
 def _wide(values: list[float]) -> bool:
@@ -67,21 +79,47 @@ def _wide(values: list[float]) -> bool:
     return bool(finite) and min(finite) > 0 and max(finite) / min(finite) >= 20
 
 
+def _coincide(a: list[float], b: list[float], rtol: float) -> bool:
+    """Whether two lines' values agree to ``rtol`` everywhere (both missing agrees)."""
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    if x.shape != y.shape or not np.array_equal(np.isnan(x), np.isnan(y)):
+        return False
+    ran = ~np.isnan(x)
+    return bool(ran.any()) and bool(np.allclose(x[ran], y[ran], rtol=rtol, atol=0.0))
+
+
+def _twin(xs: list[float], ys: list[float],
+          drawn: list[tuple[str, list[float], list[float]]]) -> str:
+    """What the legend adds to a line that another one drawn before it hides."""
+    for rtol, words in ((SAME, "same as"), (NEAR, f"within {NEAR:.0%} of")):
+        for name, other_xs, other_ys in drawn:
+            if other_xs == xs and _coincide(other_ys, ys, rtol):
+                return f" ({words} {name})"
+    return ""
+
+
 def _lines(result: SweepResult, metric: str, x: str) -> Figure:
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.subplots()
     rest = [f for f in result.fields if f != x]
-    for label, rows in _groups(result, rest).items():
-        ax.plot([float(r[x]) for r in rows], [_value(r, metric) for r in rows], marker="o",
-                label=label or metric)
+    drawn: list[tuple[str, list[float], list[float]]] = []
+    for i, (name, rows) in enumerate(_groups(result, rest).items()):
+        xs, ys = [float(r[x]) for r in rows], [_value(r, metric) for r in rows]
+        marker, style = STYLES[i % len(STYLES)]
+        ax.plot(xs, ys, marker=marker, linestyle=style, markersize=max(9.0 - 1.5 * i, 4.0),
+                markerfacecolor="none", markeredgewidth=1.5, alpha=0.85,
+                label=(name or label(metric)) + _twin(xs, ys, drawn))
+        drawn.append((name, xs, ys))
     xs = [float(v) for v in result.column(x)]
     ys = [_value(r, metric) for r in result.rows]
     if _wide(xs):
         ax.set_xscale("log")
+        at_values(ax.xaxis, xs)
     if _wide(ys):
         ax.set_yscale("log")
-    ax.set_xlabel(x)
-    ax.set_ylabel(metric)
+    show_scaled(ax.yaxis, quantity(metric).scale, log=_wide(ys))
+    ax.set_xlabel(label(x))
+    ax.set_ylabel(label(metric))
     ax.set_title(_title(result, metric, "gaps"))
     ax.grid(True, alpha=0.3)
     if rest:
@@ -101,7 +139,8 @@ def _heatmaps(result: SweepResult, metric: str, x: str, y: str) -> Figure:
     axes = np.atleast_1d(fig.subplots(1, len(groups), squeeze=False)[0])
     finite = [v for v in (_value(r, metric) for r in result.rows) if math.isfinite(v)]
     low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    for ax, (label, rows) in zip(axes, groups.items(), strict=True):
+    scale = quantity(metric).scale
+    for ax, (name, rows) in zip(axes, groups.items(), strict=True):
         grid = np.full((len(ys), len(xs)), np.nan)
         for row in rows:
             grid[ys.index(row[y]), xs.index(row[x])] = _value(row, metric)
@@ -111,14 +150,17 @@ def _heatmaps(result: SweepResult, metric: str, x: str, y: str) -> Figure:
             for (i, j), value in np.ndenumerate(grid):
                 if math.isfinite(value):
                     dark = (value - low) < 0.5 * (high - low)  # viridis is dark at the low end
-                    ax.text(j, i, f"{value:.3g}", ha="center", va="center", fontsize=7,
+                    ax.text(j, i, f"{value / scale:.3g}", ha="center", va="center", fontsize=7,
                             color="white" if dark else "black")
-        ax.set_xticks(range(len(xs)), [f"{v:g}" for v in xs], rotation=45)
+        names = [f"{v:g}" for v in xs]
+        ax.set_xticks(range(len(xs)), names, rotation=45 if max(map(len, names)) > 4 else 0)
         ax.set_yticks(range(len(ys)), [f"{v:g}" for v in ys])
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        ax.set_title(label or _title(result, metric, "grey"), fontsize="medium")
-    fig.colorbar(image, ax=list(axes), label=metric)
+        ax.set_xlabel(label(x))
+        ax.set_ylabel(label(y))
+        ax.set_title(name or _title(result, metric, "grey"), fontsize="medium")
+    fig.colorbar(image, ax=list(axes), label=label(metric),
+                 ticks=ScaledLocator(MaxNLocator(nbins="auto", steps=ROUND), scale),
+                 format=FuncFormatter(lambda value, _: plain(value / scale)))
     if rest:
         fig.suptitle(_title(result, metric, "grey"))
     return fig
@@ -131,9 +173,16 @@ def _cmap() -> Any:
 def _bars(result: SweepResult, metric: str) -> Figure:
     fig = Figure(figsize=(max(6, 0.6 * len(result.rows)), 5), layout="constrained")
     ax = fig.subplots()
-    labels = [_label(r, list(result.fields)) for r in result.rows]
-    ax.bar(range(len(labels)), [_value(r, metric) for r in result.rows], color="#4C72B0")
-    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
-    ax.set_ylabel(metric)
+    fields = list(result.fields)
+    names = ([str(r[fields[0]]) for r in result.rows] if len(fields) == 1
+             else [_label(r, fields) for r in result.rows])
+    ax.bar(range(len(names)), [_value(r, metric) for r in result.rows], color="#4C72B0")
+    long = max(map(len, names), default=0) > 8
+    ax.set_xticks(range(len(names)), names, rotation=45 if long else 0,
+                  ha="right" if long else "center")
+    show_scaled(ax.yaxis, quantity(metric).scale)
+    if len(fields) == 1:
+        ax.set_xlabel(label(fields[0]))
+    ax.set_ylabel(label(metric))
     ax.set_title(_title(result, metric, "no bar"))
     return fig

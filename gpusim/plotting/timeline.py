@@ -18,8 +18,11 @@ matplotlib.use("Agg")  # files only; no display is assumed
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Patch
+from matplotlib.textpath import TextPath
 
+from gpusim import units
 from gpusim.report import TrainingEstimate
 from gpusim.sim.trace import TraceEvent
 
@@ -48,6 +51,7 @@ STREAMS = ("compute", "p2p", "dp comm")  # display order of a stage's rows
 _STAGE_TRACK = re.compile(r"stage (\d+) (.+)")
 _REPLICA_STREAM = re.compile(r"dp (\d+) compute")
 MAX_REPLICAS = 4  # per-rank traces: replicas drawn per stage, evenly spaced
+STREAM_FONT, TICK = 7.0, 2.0  # stream names' font size and their ticks' length, points
 
 
 def label(key: str) -> str:
@@ -129,8 +133,11 @@ def _stage_axis(ax: Axes, shown: list[int], streams: list[str], ranks_per_stage:
     ax.set_yticks(range(rows * len(shown)), streams * len(shown), minor=True)
     ax.set_yticks([i * rows + (rows - 1) / 2 for i in range(len(shown))], names)
     ax.yaxis.remove_overlapping_locs = False  # a stage's middle stream sits at its centre
-    ax.tick_params(axis="y", which="minor", labelsize=7)
-    ax.tick_params(axis="y", which="major", labelsize=8, length=0, pad=48)
+    ax.tick_params(axis="y", which="minor", labelsize=STREAM_FONT, length=TICK, pad=TICK)
+    # The stage names stand clear of the widest stream name, however long that is.
+    widest = max(TextPath((0, 0), s, prop=FontProperties(size=STREAM_FONT)).get_extents().width
+                 for s in streams)
+    ax.tick_params(axis="y", which="major", labelsize=8, length=0, pad=2 * TICK + widest + 8)
 
 
 def _title(result: TrainingEstimate, note: str) -> str:
@@ -151,7 +158,7 @@ def _breakdown(bar: Axes, breakdown_s: dict[str, float], step_s: float, scale: f
             continue
         width = seconds * scale
         bar.barh(0, width, left=left, color=PHASE_COLORS.get(key, OTHER_COLOR),
-                 label=f"{label(key)} {width:.3g} {unit}")
+                 label=f"{label(key)} {units.human_seconds(seconds)}")
         left += width
     bar.set_xlim(0, step_s * scale)
     bar.set_yticks([])
