@@ -183,7 +183,7 @@ def load_calibration_file(path: str | Path) -> Calibration:
     try:
         return Calibration.model_validate(data)
     except ValidationError as exc:
-        raise InvalidProfile(format_validation_error(str(path), exc)) from exc
+        raise InvalidProfile(format_validation_error(str(path), exc, Calibration)) from exc
 
 
 @lru_cache(maxsize=4)

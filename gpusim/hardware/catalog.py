@@ -14,10 +14,11 @@ import stat
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpusim.data import data_dir
 from gpusim.errors import InvalidProfile, UnknownHardware
@@ -29,6 +30,7 @@ from gpusim.hardware.profile import (
     LinkProfile,
     Profile,
     SystemProfile,
+    unsourced_problem,
 )
 
 _KINDS: dict[str, type[HardwareProfile]] = {
@@ -121,13 +123,74 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    """One line per broken field: where it is and which rule it breaks."""
+def format_validation_error(source: str, exc: ValidationError,
+                            model: type[BaseModel] | None = None) -> str:
+    """One problem per broken field, every one at once: where it is and which rule it breaks.
+
+    Given the ``model`` that was validated, an unknown key names the closest field the model
+    has there (``memory_bandwith_gb_s`` -> ``memory_bandwidth_gb_s``), and the "Field required"
+    of the field it was meant for is left out (one slip, one problem). A value outside a fixed
+    set (a precision, a kind) names the closest allowed one.
+    """
+    errors = exc.errors()
+    hints: dict[int, str] = {}
+    meant: set[tuple[str | int, ...]] = set()  # required fields an unknown key stands in for
+    for i, err in enumerate(errors):
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden" and loc and model is not None:
+            known = _fields_at(model, loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            if close:
+                hints[i] = f" (did you mean {close[0]}?)"
+                meant.add((*loc[:-1], close[0]))
+            elif known and len(known) <= 8:
+                hints[i] = f" (known here: {', '.join(known)})"
+        elif err["type"] == "literal_error" and isinstance(err.get("input"), str):
+            allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+            close = difflib.get_close_matches(err["input"], allowed, n=1)
+            if close:
+                hints[i] = f" (did you mean {close[0]}?)"
     problems = []
-    for err in exc.errors():
+    for i, err in enumerate(errors):
+        if err["type"] == "missing" and tuple(err["loc"]) in meant:
+            continue
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        problems.append(f"{where}: {err['msg']}")
+        problems.append(f"{where}: {err['msg']}{hints.get(i, '')}")
     return f"{source}: " + "; ".join(problems)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The field names of the model found at ``loc`` inside ``model`` (through lists, dicts
+    and optionals), or none when ``loc`` leads to no model."""
+    annotation: Any = model
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                return []
+            annotation = field.annotation
+        elif get_origin(annotation) in (list, tuple) and isinstance(part, int):
+            annotation = get_args(annotation)[0]
+        elif get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]
+        else:
+            return []
+    annotation = _unwrap(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X`` of ``Annotated[X, ...]`` and of ``X | None``; anything else as it is."""
+    while True:
+        origin = get_origin(annotation)
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if origin is Annotated or (origin in (Union, UnionType) and len(args) == 1):
+            annotation = args[0]
+        else:
+            return annotation
 
 
 def parse_profile(data: dict[str, Any], source: str, kind: str | None = None) -> HardwareProfile:
@@ -138,10 +201,20 @@ def parse_profile(data: dict[str, Any], source: str, kind: str | None = None) ->
             f"{source}: kind must be one of {', '.join(_KINDS)} (got {data.get('kind')!r})"
         )
     data = {**data, "kind": kind}
+    model = _KINDS[kind]
     try:
-        return _KINDS[kind].model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise InvalidProfile(format_validation_error(source, exc)) from exc
+        message = format_validation_error(source, exc, model)
+        # The rules on a whole profile run only once every field is valid; the sources rule
+        # needs only the file, so a file with a broken field learns its unsourced figures in
+        # the same run. (A whole-profile error has an empty loc and means it already ran.)
+        sources = data.get("sources", {})
+        if all(err["loc"] for err in exc.errors()) and isinstance(sources, dict):
+            unsourced = unsourced_problem(model, data, sources)
+            if unsourced:
+                message += f"; {unsourced}"
+        raise InvalidProfile(message) from exc
 
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
@@ -149,8 +222,15 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
     path = Path(path)
     data = read_yaml(path)
     folder_kind = _FOLDERS.get(path.parent.name)
-    profile = parse_profile(data, str(path), data.get("kind", folder_kind))
-    if path.parent.name in _FOLDERS and path.stem != profile.name:
+    name = data.get("name")
+    misnamed = (path.parent.name in _FOLDERS and isinstance(name, str) and path.stem != name)
+    try:
+        profile = parse_profile(data, str(path), data.get("kind", folder_kind))
+    except InvalidProfile as exc:
+        if misnamed:  # said with the other problems, not on the next run
+            raise InvalidProfile(f"{exc}; file name must match name {name!r}") from exc
+        raise
+    if misnamed:
         raise InvalidProfile(f"{path}: file name must match name {profile.name!r}")
     return profile
 
