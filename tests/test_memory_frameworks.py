@@ -65,7 +65,8 @@ def test_fsdp_gathers_units_in_the_compute_type() -> None:
     largest = max(units.values())  # the untied head (vocab x hidden) and the final norm
     assert largest == units["head"]
     base = memory_plan(job.stage_job(job.model))
-    assert mem.transient - base.transient == pytest.approx(3 * 2 * largest)
+    assert mem.gathered == pytest.approx(3 * 2 * largest)
+    assert mem.transient == base.transient
     assert job.gathered_weight_bytes == 2
 
 
@@ -344,3 +345,33 @@ def test_fsdp_cpu_offload_brings_each_shard_up_before_its_gather() -> None:
     params = estimate(**base, offload="params").step
     extra = params.breakdown_s["data_parallel_comm"] - states.breakdown_s["data_parallel_comm"]
     assert extra > 0.05 and params.step_time_s > states.step_time_s
+
+
+def test_the_loss_and_a_recomputed_block_are_not_alive_together() -> None:
+    """Backward frees the loss's buffers before it re-runs the last checkpointed block, so
+    the start of backward holds the larger of the two, not both."""
+    job, _ = build_job("llama3-8b", "h100-sxm", 1, precision="bf16", seq_len=4096,
+                       checkpointing="full", stack="torchtitan")
+    assert isinstance(job, TrainingJob)
+    mem = memory_plan(job)
+    assert mem.recompute_working > 0 and mem.loss_transient > 0
+    kept = mem.activations - mem.recompute_working
+    expected = kept + max(mem.loss_transient, mem.recompute_working + mem.transient)
+    at_backward = mem.breakdown()
+    assert mem.peak_phase == "backward"
+    assert at_backward["activations"] + at_backward["transient"] == pytest.approx(expected)
+    assert expected < kept + mem.recompute_working + mem.loss_transient
+
+
+def test_megatrons_loss_turns_its_softmax_into_the_gradient_in_place() -> None:
+    """Megatron-LM's vocab-parallel backward allocates only the bf16 cast of the gradient,
+    where PyTorch's cross_entropy allocates two fp32 logits-sized gradients."""
+    tokens, vocab = 4096, 128256
+    torch_job, _ = build_job("llama3-8b", "h100-sxm", 1, precision="bf16", seq_len=tokens)
+    megatron_job, _ = build_job("llama3-8b", "h100-sxm", 2, precision="bf16", seq_len=tokens,
+                                num_gpus=2, stack="megatron")
+    assert isinstance(torch_job, TrainingJob) and isinstance(megatron_job, ParallelJob)
+    stage = megatron_job.stage_job(megatron_job.model)
+    assert stage.master_weights
+    assert memory_plan(torch_job).loss_transient == 2 * tokens * vocab * 4
+    assert memory_plan(stage).loss_transient == tokens * vocab * 2

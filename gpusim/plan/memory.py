@@ -15,8 +15,10 @@ from gpusim import units
 from gpusim.plan.autocast import casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.recompute import checkpointed_blocks, policy_kept_bytes
-from gpusim.workload.attention import Attention
+from gpusim.workload.attention import Attention, CrossEntropy
 from gpusim.workload.layers import Conv2d, Layer, Linear
+from gpusim.workload.numerics import Numerics
+from gpusim.workload.ops import DTYPE_BYTES
 
 # CUDA context, cuDNN handles and the allocator's own reservation (beyond the cuBLAS
 # workspaces, below): commonly 0.5-1 GiB on current GPUs.
@@ -69,6 +71,12 @@ class MemoryPlan:
     allocator_reserve: float = 0.0  # fraction of the peak the allocator reserves beyond it
     communication_buffers: float = 0.0
     optimizer_temporaries: float = 0.0  # what the optimizer step allocates while it runs
+    # The part of ``activations`` that is one checkpointed block re-run in backward, and the
+    # loss's backward buffers (``transient`` is the largest of any other layer's): the loss's
+    # are freed before the first block is re-run, so only the larger of the two is alive.
+    recompute_working: float = 0.0
+    loss_transient: float = 0.0
+    gathered: float = 0.0  # FSDP's gathered units (ZeRO-3), alive throughout the passes
     # Whether gradients are held when the backward pass starts: with one microbatch a step
     # they are created by that pass (zero_grad sets them to None), with accumulation they
     # hold the earlier microbatches' sums, and Megatron-LM's live in a persistent buffer.
@@ -76,11 +84,16 @@ class MemoryPlan:
 
     def _at_backward(self) -> dict[str, float]:
         """What is alive when the backward pass starts: every activation, the loss's
-        gradients, autocast's weight copies."""
+        gradients (or, later, a checkpointed block re-run), autocast's weight copies."""
+        working = self.recompute_working
+        if self.loss_transient > working + self.transient:
+            activations, transient = self.activations - working, self.loss_transient
+        else:
+            activations, transient = self.activations, self.transient
         return {"weights": self.weights,
                 "gradients": self.gradients if self.gradients_at_backward else 0.0,
                 "optimizer_states": self.optimizer_states, "weight_copies": self.weight_copies,
-                "activations": self.activations, "transient": self.transient,
+                "activations": activations, "transient": transient + self.gathered,
                 "communication_buffers": self.communication_buffers,
                 "library_workspaces": self.library_workspaces}
 
@@ -192,6 +205,18 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
     return out, max(per_block.values(), default=0.0)
 
 
+def _loss_transient(layer: CrossEntropy, job: TrainingJob, num: Numerics) -> float:
+    """The loss's backward buffers: PyTorch's two logits-sized gradients, or Megatron-LM's
+    vocab-parallel loss, which turns its kept fp32 softmax into the gradient in place
+    (megatron/core/tensor_parallel/cross_entropy.py, backward) and allocates only the
+    cast back to the logits' type."""
+    if job.master_weights:
+        n = job.microbatch_size
+        cast = layer.upcast and num.act_bytes < DTYPE_BYTES["fp32"]
+        return float(n * layer.rows * layer.classes * num.act_bytes) if cast else 0.0
+    return layer.transient_bytes(job.microbatch_size, num)
+
+
 def memory_plan(job: TrainingJob) -> MemoryPlan:
     """The peak memory of ``job`` by category (raises nothing; ``remedies.check_fits`` does)."""
     layers = job.model.layers
@@ -204,10 +229,14 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
     master = 4.0 * trainable if job.master_weights and job.mixed_precision else 0.0
     # Pure bf16: the optimizer's states take the parameters' type (8-bit states stay 8-bit).
     state_scale = 0.5 if job.pure_bf16 and job.optimizer != "adamw8bit" else 1.0
-    # The largest layer output and its gradient alive together during backward.
+    # The largest layer output and its gradient alive together during backward; the loss's
+    # apart (see MemoryPlan.loss_transient).
     precision = layer_precisions(job)
-    transient = max((lay.transient_bytes(n, precision[lay.name].numerics) for lay in layers),
-                    default=0.0)
+    transient = max((lay.transient_bytes(n, precision[lay.name].numerics) for lay in layers
+                     if not isinstance(lay, CrossEntropy)), default=0.0)
+    loss_transient = max((_loss_transient(lay, job, precision[lay.name].numerics)
+                          for lay in layers if isinstance(lay, CrossEntropy)), default=0.0)
+    kept, working = activation_split(job)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
     # PyTorch's foreach Adam on a GPU computes sqrt(v) for every parameter at once before
     # its in-place update (torch/optim/adam.py, _multi_tensor_adam: exp_avg_sq_sqrt); the
@@ -231,8 +260,10 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
         gradients=gradients,
         optimizer_states=states,
         weight_copies=copies,
-        activations=activation_bytes(job),
+        activations=kept + working,
         transient=float(transient),
+        recompute_working=working,
+        loss_transient=float(loss_transient),
         framework_reserved=reserved,
         capacity=job.device.memory_bytes,
         library_workspaces=library_workspace_bytes(job),

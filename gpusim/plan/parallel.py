@@ -421,6 +421,7 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
         optimizer_states=base.optimizer_states * (shard if p.zero >= 1 else 1.0),
         activations=peak_in_flight(tasks, [c.saved_bytes for c in stage.chunks])
         + max(c.working_bytes for c in stage.chunks),
-        transient=base.transient + gathered,
+        recompute_working=max(c.working_bytes for c in stage.chunks),
+        gathered=gathered,
         framework_reserved=FRAMEWORK_RESERVED_BYTES,
     )

@@ -40,11 +40,13 @@ GPUS: list[tuple[str, str, float | None]] = [
     ("H200", "h200", None), ("A100-SXM4-40GB", "a100-40gb", None),
     ("A100 80GB", "a100-80gb", None), ("A800", "a100-80gb", None),
     ("V100-SXM2 16GB", "v100-sxm2-16gb", None), ("A10G", "a10", None),
+    ("H100 SXM5 80GB", "h100-sxm", None), ("A100 40GB", "a100-40gb", None),
 ]
 RECOMPUTE = {"selective(op)": "per-op", "megatron-selective": "selective", "none": "none"}
 # The framework a source names -> the stack that writes its layers (stacks/). ms-swift's
 # DeepSpeed runs train the Hugging Face model; torchtitan before March 2025 upcast its norms.
-STACKS = [("megatron", "megatron"), ("deepspeed", "hf-transformers"),
+STACKS = [("transformers (aug 2022)", "hf-transformers-2022"),
+          ("megatron", "megatron"), ("deepspeed", "hf-transformers"),
           ("transformers ~v4.16", "hf-transformers-2022"), ("hf trainer", "hf-transformers"),
           ("lit-gpt @", "litgpt-2023"), ("lit", "litgpt"), ("torchtune", "torchtune"),
           ("torchtitan @9dec370", "torchtitan-2024"), ("torchtitan", "torchtitan")]
@@ -112,6 +114,10 @@ def _unsupported(row: dict[str, Any]) -> str:
         ("float8" in str(t.get("precision", "")), "FP8 training recipes are not modelled "
                                                   "(issue 15)"),
         ("adafactor" in opt, "Adafactor is not modelled"),
+        ("deepspeed fp16" in str(row.get("framework", "")).lower(),
+         "DeepSpeed's fp16 engine is not modelled: the model held in fp16 without autocast "
+         "(so a 2022 Hugging Face loss runs on fp16 logits) and an fp32 copy of each "
+         "gradient shard in the optimizer step"),
         ("fused into backward" in opt, "the optimizer step fused into backward is not "
                                        "modelled"),
         (_model(m) is None, f"{m['name']} is not a transformer gpusim builds"),
@@ -156,7 +162,8 @@ def _model(m: dict[str, Any]) -> Model | None:
         kv_heads=m.get("kv_heads"), ffn_hidden=m.get("ffn_hidden"), vocab=m["vocab"],
         seq_len=m["seq_len"], norm="rmsnorm" if gated else "layernorm",
         activation="swiglu" if gated else "gelu", positions="rotary" if gated else "learned",
-        tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated)
+        tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated,
+        dropout=bool(m.get("dropout")))
     return build_transformer(cfg)
 
 
@@ -192,4 +199,6 @@ def _job(row: dict[str, Any]) -> Any:
         return build_job(model, gpu, micro * accum, grad_accum=accum, **options)[0]
     return build_job(model, gpu, micro * dp * accum, num_gpus=gpus,
                      tp=tp, pp=pp, dp=dp, microbatch_size=micro, zero=zero,
-                     sequence_parallel=bool(p.get("sp")), **options)[0]
+                     sequence_parallel=bool(p.get("sp")),
+                     schedule=str(p.get("schedule") or "1f1b"),
+                     virtual_stages=int(p.get("virtual_stages") or 1), **options)[0]
