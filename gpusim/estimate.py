@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 from gpusim import units
 from gpusim.assumptions import (
@@ -23,13 +24,15 @@ from gpusim.cost.energy import average_power_w
 from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device, load_system
-from gpusim.hardware.profile import DeviceProfile, GPUProfile, SystemProfile
+from gpusim.hardware.profile import DeviceProfile, GPUProfile, PriceQuote, SystemProfile
 from gpusim.plan.job import (
+    AUTO_PRECISION,
     DEFAULT_LOADER_WORKERS,
     Checkpointing,
     Optimizer,
     TrainingJob,
     TrainingPrecision,
+    auto_precision,
 )
 from gpusim.plan.lower import lower
 from gpusim.plan.memory import memory_plan
@@ -240,7 +243,7 @@ def build_job(
     gpu: str | DeviceProfile | None,
     batch_size: int,
     *,
-    precision: TrainingPrecision = "fp32",
+    precision: TrainingPrecision | Literal["auto"] = "auto",
     seq_len: int | None = None,
     grad_accum: int = 1,
     optimizer: Optimizer = "adam",
@@ -299,7 +302,8 @@ def build_job(
         if gpu is None:
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
-        job = TrainingJob(net, device, batch_size, precision, grad_accum, optimizer,
+        job = TrainingJob(net, device, batch_size, _precision(precision, device), grad_accum,
+                          optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
                           stack=framework, offload=offload, quantized_base=quantized,
                           adapters_only=finetune != "full", fp8_recipe=fp8_recipe)
@@ -315,7 +319,8 @@ def build_job(
                              stage_blocks=tuple(pp_layers), shard_group=shard_group,
                              sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
                              overlap_grad_reduce=overlap_grad_reduce)
-    pjob = ParallelJob(net, topo, batch_size, config, precision, optimizer, checkpointing,
+    pjob = ParallelJob(net, topo, batch_size, config, _precision(precision, topo.gpu),
+                       optimizer, checkpointing,
                        frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
                        stack=framework, offload=offload, quantized_base=quantized,
                        adapters_only=finetune != "full", fp8_recipe=fp8_recipe)
@@ -327,6 +332,11 @@ def build_job(
 
         pjob = with_micro(largest_fitting_divisor(share, with_micro))
     return pjob, assumed
+
+
+def _precision(precision: str, device: DeviceProfile) -> TrainingPrecision:
+    """``precision``, with "auto" as the device's fastest mixed precision."""
+    return auto_precision(device) if precision == AUTO_PRECISION else precision  # type: ignore[return-value]
 
 
 def largest_fitting_divisor(total: int, job_for: Callable[[int], Job]) -> int:
@@ -345,12 +355,18 @@ def largest_fitting_divisor(total: int, job_for: Callable[[int], Job]) -> int:
     return 1
 
 
+def _quote_source(quote: PriceQuote) -> str:
+    size = (f"per GPU of a {quote.instance_gpus}-GPU instance" if quote.instance_gpus > 1
+            else "a single-device rental")
+    return f"{quote.provider}, {quote.date}, {size}"
+
+
 def estimate(
     model: str | Model,
     gpu: str | DeviceProfile | None,
     batch_size: int,
     *,
-    precision: TrainingPrecision = "fp32",
+    precision: TrainingPrecision | Literal["auto"] = "auto",
     epochs: float | None = None,
     dataset_size: int | None = None,
     tokens: float | None = None,
@@ -448,6 +464,9 @@ def estimate(
     unmeasured = attention_unmeasured(framework, device)
     if unmeasured:
         assumptions.insert(0, unmeasured)
+    if precision == AUTO_PRECISION:
+        assumptions.insert(0, f"{job.precision}: the device's fastest mixed precision "
+                              f"(precision auto)")
     if max_batch:
         micro = (job.parallel.microbatch_size if isinstance(job, ParallelJob)
                  else job.microbatch_size)
@@ -455,8 +474,9 @@ def estimate(
                               f"batch (--max-batch)")
     cal = calibration_for(device)
     power = average_power_w(device, cal, step.active_fraction)
-    quote = device.cloud_price_usd_per_hour()
-    price, price_source = ((quote.usd_per_hour, f"{quote.provider}, {quote.date}") if quote
+    devices = job.topology.num_gpus if isinstance(job, ParallelJob) else 1
+    quote = device.cloud_price_usd_per_hour(devices)
+    price, price_source = ((quote.usd_per_hour, _quote_source(quote)) if quote
                            else (None, None))
     if usd_per_gpu_hour is not None:
         if not (usd_per_gpu_hour >= 0 and usd_per_gpu_hour < float("inf")):
@@ -468,7 +488,7 @@ def estimate(
         device=device.name,
         device_name=device.full_name,
         batch_size=batch_size,
-        precision=precision,
+        precision=job.precision,
         step=step,
         steps=n_steps,
         price_usd_per_hour=price,

@@ -44,9 +44,14 @@ class Pricing(BaseModel):
     host_usd_per_gpu: float = Field(0.0, ge=0,
                                     description="server, network and rack per device")
 
+    def host_assumption(self) -> str:
+        """What a purchase includes besides the devices (--host-usd-per-gpu)."""
+        return (f"plus ${self.host_usd_per_gpu:,.0f} per device for servers and network"
+                if self.host_usd_per_gpu
+                else "device prices only (no servers or network: --host-usd-per-gpu)")
+
     def assumptions(self) -> list[str]:
-        host = (f"plus ${self.host_usd_per_gpu:,.0f} per device for servers and network"
-                if self.host_usd_per_gpu else "device prices only (no servers or network)")
+        host = self.host_assumption()
         return [
             f"cost to own: purchase spread over {self.lifetime_years:g} years at "
             f"{100 * self.utilization:.0f}% use ({LIFETIME_SOURCE}), {host}",

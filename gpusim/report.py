@@ -56,6 +56,11 @@ class StepResult(BaseModel):
         return self.model_flops_per_step / self.step_time_s / (self.peak_flops * self.num_gpus)
 
 
+# The share of a step spent waiting for input above which the summary says so in a line of
+# its own (a small wait is within the model's noise; a tenth is a bottleneck to fix).
+INPUT_BOUND_SHARE = 0.1
+
+
 class TrainingEstimate(BaseModel):
     """A training run: the step, how many steps, and what they cost in time, money and energy."""
 
@@ -162,9 +167,14 @@ class TrainingEstimate(BaseModel):
             + " (gpusim memory: its parts)",
             f"  MFU              {100 * s.mfu:>13.1f} % of {s.peak_flops / 1e12:,.4g} TFLOP/s "
             "peak" + (" per GPU" if self.num_gpus > 1 else ""),
-            "",
-            "  step breakdown",
         ]
+        waited = s.breakdown_s.get("input_pipeline", 0.0)
+        if s.step_time_s and waited >= INPUT_BOUND_SHARE * s.step_time_s:
+            lines.append(f"  input-bound      the data loaders set the pace: the device waits "
+                         f"{100 * waited / s.step_time_s:.0f}% of each step for input. More "
+                         f"loader workers (--loader-workers), a node with more CPU cores, "
+                         f"or a cheaper input pipeline would speed it up")
+        lines += ["", "  step breakdown"]
         for key, seconds in s.breakdown_s.items():
             if key in SHOWN_WHEN_USED and not seconds:
                 continue

@@ -13,7 +13,7 @@ shift 3
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out/$device"
 log="$out/$device/measure.log"
-if ! python3 -c "import pydantic, simpy, yaml" 2>/dev/null; then
+if ! python3 -c "import pydantic, simpy, yaml, rich" 2>/dev/null; then
     site=$(mktemp -d)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$site" "$here"/.whl/*.whl || { echo "no usable wheels in .whl/" >&2; exit 1; }

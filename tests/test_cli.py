@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -135,7 +136,7 @@ def test_a_malformed_profile_file_is_reported(tmp_path: Path,
 
 
 def test_installed_entry_point_runs() -> None:
-    done = subprocess.run([sys.executable, "-m", "gpusim.cli", "models", "list"],
+    done = subprocess.run([sys.executable, "-m", "gpusim", "models", "list"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "resnet50" in done.stdout
 
@@ -272,3 +273,48 @@ def test_a_run_is_priced_at_the_users_rate(capsys: pytest.CaptureFixture[str]) -
     mine = json.loads(capsys.readouterr().out)
     assert mine["price_usd_per_hour"] == 1.0 and "--usd-per-gpu-hour" in mine["price_source"]
     assert mine["cost_usd"] == pytest.approx(listed["cost_usd"] / listed["price_usd_per_hour"])
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    from gpusim.cli.app import parser
+
+    action = next(a for a in parser()._actions
+                  if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("command", ["estimate", "memory", "sweep", "search", "compare",
+                                     "scaling"])
+def test_every_command_defaults_to_the_devices_mixed_precision(command: str) -> None:
+    sub = _subparsers()[command]
+    assert sub.get_default("precision") == "auto"
+
+
+@pytest.mark.parametrize(("gpu", "precision"), [("h100-sxm", "bf16"),
+                                                ("v100-sxm2-32gb", "fp16"),
+                                                ("gtx-1080-ti", "fp32")])
+def test_auto_precision_is_said(gpu: str, precision: str,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--model", "mnist-mlp", "--gpu", gpu, "--batch-size", "64",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["precision"] == precision
+    assert any("fastest mixed precision" in a for a in data["assumptions"])
+
+
+def test_the_command_line_is_one_package() -> None:
+    root = Path(__file__).resolve().parents[1]
+    assert not list((root / "gpusim").glob("cli*.py"))
+    for notebook in (root / "notebooks").glob("*.ipynb"):
+        assert "gpusim.cli" not in notebook.read_text(), notebook.name
+
+
+@pytest.mark.parametrize(("workers", "bound"), [("4", True), ("0", False)])
+def test_an_input_bound_step_says_so(workers: str, bound: bool,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--model", "resnet50", "--gpu", "h100-sxm", "--batch-size", "256",
+                 "--loader-workers", workers]) == 0
+    out = capsys.readouterr().out
+    assert ("input-bound" in out) is bound
+    if bound:
+        assert "--loader-workers" in out.split("input-bound", 1)[1].splitlines()[0]

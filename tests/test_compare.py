@@ -11,10 +11,12 @@ from gpusim import units
 from gpusim.cli import main
 from gpusim.cost.energy import active_seconds, average_power_w
 from gpusim.cost.kernels import kernel_cost
+from gpusim.errors import GpusimError
 from gpusim.estimate import estimate
-from gpusim.explore.compare import affordable, auto_precision, budget, compare
+from gpusim.explore.compare import affordable, budget, compare
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_device
+from gpusim.plan.job import auto_precision
 from gpusim.plotting.compare import pareto_front
 from gpusim.pricing import HOURS_PER_YEAR, Pricing, run_cost
 from gpusim.workload.ops import GemmShape, gemm_op
@@ -221,3 +223,32 @@ def test_compare_cli_errors_are_one_line(argv: list[str], message: str,
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in err
+
+
+def test_setups_of_different_counts_in_one_table() -> None:
+    rows = compare("gpt2", ["rtx-4090:8", ("h100-sxm", 2), "a100-80gb"], batch_size=64,
+                   steps=10, seq_len=512, loader_workers=0)
+    counts = {r.device.name: r.num_devices for r in rows}
+    assert counts == {"rtx-4090": 8, "h100-sxm": 2, "a100-80gb": 1}
+    assert all(r.fits for r in rows)
+    assert all(r.result is not None and r.result.batch_size == 64 for r in rows)
+
+
+@pytest.mark.parametrize("spec", ["h100-sxm:0", "h100-sxm:two", "h100-sxm:８"])
+def test_a_bad_device_count_is_a_clear_error(spec: str) -> None:
+    with pytest.raises(GpusimError, match="count"):
+        compare("gpt2", [spec], steps=1)
+
+
+def test_a_cluster_rents_whole_servers() -> None:
+    """A 16-GPU job is priced per GPU of an 8-GPU instance, one GPU at a single-card rate."""
+    gpu = load_device("h100-sxm")
+    assert any(q.instance_gpus == 8 for q in gpu.cloud_prices)
+    one, many = gpu.cloud_price_usd_per_hour(1), gpu.cloud_price_usd_per_hour(16)
+    assert one is not None and many is not None
+    assert one.instance_gpus == 1 and many.instance_gpus == 8
+    assert many == min((q for q in gpu.cloud_prices if q.instance_gpus == 8),
+                       key=lambda q: q.usd_per_hour)
+    result = estimate("gpt2", "h100-sxm", 64, num_gpus=16, steps=1, loader_workers=0)
+    assert result.price_usd_per_hour == many.usd_per_hour
+    assert "8-GPU instance" in (result.price_source or "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,21 @@ def test_profiles_new_starts_a_profile_that_checks_and_runs(tmp_path: Path,
     capsys.readouterr()
     assert main(["profiles", "new", "--from", "h100-sxm", str(path)]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_check_warns_of_a_likely_unit_slip(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from gpusim.cli import main
+
+    path = tmp_path / "my-gpu.yaml"
+    assert main(["profiles", "new", "--from", "h100-sxm", str(path)]) == 0
+    text = path.read_text()
+    text, slipped = re.subn(r"^memory_bandwidth_gb_s: .*$", "memory_bandwidth_gb_s: 2", text,
+                            flags=re.MULTILINE)
+    assert slipped == 1
+    path.write_text(text)
+    capsys.readouterr()
+    assert main(["profiles", "check", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "1 warning" in captured.out
+    assert "memory_bandwidth_gb_s 2 GB/s" in captured.err and "TB/s" in captured.err

@@ -4,19 +4,21 @@ with --budget-usd, the best set of GPUs a budget buys."""
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpusim import numbers, paths, units
-from gpusim.cli_explore import add_run_length_flags
+from gpusim import numbers, paths
+from gpusim.cli import flags
+from gpusim.cli.console import show
 from gpusim.errors import InvalidConfig
 from gpusim.explore.compare import SORT_KEYS, Comparison, budget, compare
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import GPUProfile
-from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.job import OPTIMIZERS
 from gpusim.pricing import ELECTRICITY_USD_PER_KWH, LIFETIME_YEARS, PUE, Pricing
+from gpusim.progress import ProgressBar
+from gpusim.tables import compare_table
 
 
 def add_parsers(sub: Any) -> None:
@@ -31,16 +33,15 @@ def add_parsers(sub: Any) -> None:
                "rtx-4090,l40s,mi300x --num-gpus 8 --precision bf16 --tokens 1e10")
     c.add_argument("--model", required=True, help="zoo name or model YAML file")
     c.add_argument("--gpus", required=True,
-                   help="comma-separated GPU or CPU profiles, or 'all-gpus'")
+                   help="comma-separated GPU or CPU profiles, each with its own count if "
+                        "you like (rtx-4090:8,h100-sxm:2), or 'all-gpus'")
     c.add_argument("--num-gpus", type=numbers.count, default=1,
-                   help="devices of each kind (default 1)")
+                   help="devices of each kind without a count of its own (default 1)")
     c.add_argument("--batch-size", type=numbers.count,
                    help="global batch per step, the same for every device (default: 16 "
                         "sequences or 128 samples per device)")
-    c.add_argument("--precision", default="auto", choices=("auto", *TRAINING_PRECISIONS),
-                   help="auto (default): bf16 where the device's matrix units take it, else "
-                        "fp16, else fp32")
-    add_run_length_flags(c)
+    flags.add_precision_flag(c)
+    flags.add_run_length_flags(c)
     c.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
     c.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     c.add_argument("--recompute", "--checkpointing", dest="checkpointing", metavar="MODE",
@@ -49,6 +50,7 @@ def add_parsers(sub: Any) -> None:
                    help="data-loader workers per device (default 8; 0: synthetic data)")
     c.add_argument("--sort", default="time", choices=SORT_KEYS,
                    help="rank by time to train, cloud cost, cost to own or energy")
+    flags.add_price_flag(c)
     own = c.add_argument_group("cost to own")
     own.add_argument("--electricity-usd-per-kwh", type=numbers.nonnegative,
                      default=ELECTRICITY_USD_PER_KWH)
@@ -82,50 +84,8 @@ def _devices(spec: str) -> list[str]:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("precision", "epochs", "dataset_size", "tokens", "steps", "seq_len", "optimizer",
-            "checkpointing", "loader_workers")
+            "checkpointing", "loader_workers", "usd_per_gpu_hour")
     return {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
-
-
-class _Progress:
-    def __init__(self) -> None:
-        self.live = sys.stderr.isatty()
-
-    def __call__(self, done: int, total: int, name: str) -> None:
-        if not self.live:
-            return
-        filled = round(30 * done / total) if total else 30
-        sys.stderr.write(f"\rcompare [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} "
-                         f"{name:<16}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-def _money(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return f"${value:,.0f}" if value >= 100 else f"${value:,.2f}"
-
-
-def table(rows: list[Comparison]) -> list[str]:
-    head = (f"{'#':>2} {'device':<16} {'n':>3} {'time to train':>14} {'samples/s':>11} "
-            f"{'cloud cost':>11} {'cost to own':>11} {'energy':>11} {'samples/$':>10} "
-            f"{'samples/s/kW':>12}  fits as")
-    lines = [head]
-    for i, row in enumerate(rows, 1):
-        j = row.to_json()
-        if not row.fits:
-            lines.append(f"{i:>2} {row.device.name:<16} {row.num_devices:>3} "
-                         f"{'does not run':>14}  {row.reason}")
-            continue
-        per_usd = j.get("samples_per_usd")
-        lines.append(
-            f"{i:>2} {row.device.name:<16} {row.num_devices:>3} "
-            f"{units.human_seconds(j['time_to_train_s']):>14} {j['samples_per_s']:>11,.1f} "
-            f"{_money(j['cost_usd']):>11} {_money(j['ownership_cost_usd']):>11} "
-            f"{j['energy_kwh']:>7,.1f} kWh {f'{per_usd:,.0f}' if per_usd else 'n/a':>10} "
-            f"{j['samples_per_s_per_kw']:>12,.1f}  {row.setup}")
-    return lines
 
 
 def calibration_notes(rows: list[Comparison]) -> list[str]:
@@ -156,13 +116,18 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.budget_usd is not None:
         if args.max_gpus < 1:
             raise InvalidConfig(f"--max-gpus must be at least 1 (got {args.max_gpus})")
-        rows, why = budget(args.model, devices, args.budget_usd, max_devices=args.max_gpus,
-                           batch_size=args.batch_size, pricing=pricing, progress=_Progress(),
-                           **options)
+        if any(":" in d for d in devices):
+            raise InvalidConfig("with --budget-usd the budget sets each device's count; "
+                                "give the devices without counts")
+        with ProgressBar("budget", unit="setups") as bar:
+            rows, why = budget(args.model, devices, args.budget_usd,
+                               max_devices=args.max_gpus, batch_size=args.batch_size,
+                               pricing=pricing, progress=bar, **options)
     else:
-        rows = compare(args.model, devices, num_devices=args.num_gpus,
-                       batch_size=args.batch_size, sort=args.sort, pricing=pricing,
-                       progress=_Progress(), **options)
+        with ProgressBar("compare", unit="devices") as bar:
+            rows = compare(args.model, devices, num_devices=args.num_gpus,
+                           batch_size=args.batch_size, sort=args.sort, pricing=pricing,
+                           progress=bar, **options)
     first = next((r.result for r in rows if r.result is not None), None)
     if args.json:
         print(numbers.dumps({"model": first.model if first else args.model,
@@ -176,15 +141,17 @@ def run_compare(args: argparse.Namespace) -> int:
             precision = "each device's mixed precision" if args.precision == "auto" \
                 else args.precision
             run = f"{first.steps:,} steps of batch {first.batch_size}, {precision}"
-            print(f"{first.model}: {run}"
-                  + (f"; budget ${args.budget_usd:,.0f}" if args.budget_usd else "") + "\n")
-        print("\n".join(table(rows)))
+            budget_line = (f"; budget ${args.budget_usd:,.0f}, {pricing.host_assumption()}"
+                           if args.budget_usd else "")
+            print(f"{first.model}: {run}{budget_line}\n")
+        show(compare_table(rows))
         if why:
             print("\nwhy:")
             print("\n".join(f"  {line}" for line in why))
         print("\nassumptions:")
         for line in [*pricing.assumptions(), *calibration_notes(rows),
-                     "cloud cost: the cheapest listed on-demand price per device-hour",
+                     "cloud cost: the cheapest listed on-demand price per device-hour (of "
+                     "an 8-GPU instance where a setup fills one and one is listed)",
                      "energy: device boards only, from the simulated utilization"]:
             print(f"  - {line}")
     if args.plot:

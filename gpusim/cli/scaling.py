@@ -6,15 +6,15 @@ import argparse
 from typing import Any
 
 from gpusim import numbers, paths
+from gpusim.cli import flags
+from gpusim.cli.console import show
 from gpusim.errors import InvalidConfig
-from gpusim.explore.scaling import ScalingRow, scaling
-from gpusim.plan.job import (
-    DEFAULT_LOADER_WORKERS,
-    OPTIMIZERS,
-    TRAINING_PRECISIONS,
-)
+from gpusim.explore.scaling import scaling
+from gpusim.hardware.catalog import load_device, load_gpu, load_system
+from gpusim.plan.job import AUTO_PRECISION, OPTIMIZERS, auto_precision
 from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
 from gpusim.plan.recompute import HELP as RECOMPUTE_HELP
+from gpusim.tables import scaling_table
 
 
 def add_parsers(sub: Any) -> None:
@@ -41,7 +41,7 @@ def add_parsers(sub: Any) -> None:
     batch.add_argument("--batch-size", type=numbers.count,
                        help="global samples per step at every count: strong scaling")
     s.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
-    s.add_argument("--precision", default="fp32", choices=TRAINING_PRECISIONS)
+    flags.add_precision_flag(s)
     s.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     s.add_argument("--recompute", "--checkpointing", dest="checkpointing", default="none",
                    metavar="MODE", help=RECOMPUTE_HELP)
@@ -52,10 +52,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     s.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES, help="ZeRO stage")
     s.add_argument("--sequence-parallel", action="store_true")
-    s.add_argument("--loader-workers", type=numbers.count0, default=DEFAULT_LOADER_WORKERS,
-                   help="data-loader workers per data-parallel replica (default 8; 0: "
-                        "synthetic data on the device)")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
+    flags.add_loader_flag(s)
+    flags.add_json_flag(s)
     s.add_argument("--plot", metavar="FILE", type=paths.figure,
                    help="write a PNG of throughput and efficiency")
 
@@ -66,22 +64,6 @@ def _counts(text: str) -> list[int]:
     except ValueError:
         raise InvalidConfig(f"--num-gpus takes comma-separated GPU counts such as 1,2,4,8 "
                             f"(got {text!r})") from None
-
-
-def _cell(value: float | None, scale: float = 1.0, spec: str = ",.1f") -> str:
-    return "-" if value is None else format(value * scale, spec)
-
-
-def _table(rows: list[ScalingRow]) -> list[str]:
-    lines = [f"{'GPUs':>6} {'batch (samples)':>16} {'step (ms)':>11} {'samples/s':>12} "
-             f"{'tokens/s':>14} {'efficiency (%)':>15}"]
-    for r in rows:
-        lines.append(f"{r.num_gpus:>6} {r.batch_size:>16} {_cell(r.step_time_s, 1e3, ',.2f'):>11}"
-                     f" {_cell(r.samples_per_s):>12} {_cell(r.tokens_per_s, spec=',.0f'):>14}"
-                     f" {_cell(r.efficiency, 100):>15}")
-    lines += [f"\ndoes not run on {r.num_gpus} GPU{'s' if r.num_gpus > 1 else ''}: {r.error}"
-              for r in rows if not r.fits]
-    return lines
 
 
 def run_scaling(args: argparse.Namespace) -> int:
@@ -98,14 +80,22 @@ def run_scaling(args: argparse.Namespace) -> int:
     batch = (f"weak scaling, {args.batch_size_per_gpu} samples per GPU" if weak
              else f"strong scaling, global batch {args.batch_size}")
     split = f", TP {args.tp} x PP {args.pp}" if args.tp * args.pp > 1 else ""
-    title = f"{args.model} on {args.gpu or args.system}, {args.precision}{split}: {batch}"
+    precision = args.precision
+    if precision == AUTO_PRECISION:
+        device = load_device(args.gpu) if args.gpu else load_gpu(load_system(args.system).gpu)
+        precision = f"{auto_precision(device)} (auto)"
+    title = f"{args.model} on {args.gpu or args.system}, {precision}{split}: {batch}"
     if args.json:
         print(numbers.dumps({"model": args.model, "gpu": args.gpu, "system": args.system,
                           "scaling": "weak" if weak else "strong",
                           "rows": [r.to_json() for r in rows]}, indent=2))
     else:
         print(title + "\n")
-        print("\n".join(_table(rows)))
+        show(scaling_table(rows))
+        for r in rows:
+            if not r.fits:
+                print(f"\ndoes not run on {r.num_gpus} GPU{'s' if r.num_gpus > 1 else ''}: "
+                      f"{r.error}")
     if args.plot:
         from gpusim.plotting.scaling import scaling_figure
 

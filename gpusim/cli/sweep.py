@@ -1,38 +1,24 @@
-"""Commands that explore many estimates at once: sweep (what-if grids).
-
-Each command adds its parser in ``add_parsers`` and its handler to ``HANDLERS``; the job
-flags they share (``--model``, ``--gpu``, ...) come from ``add_job_flags`` and
-``job_settings``.
-"""
+"""`gpusim sweep`: what-if grids, every combination of varied settings estimated."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import Any, TextIO
+from typing import Any
 
 from gpusim import numbers, paths
+from gpusim.cli import flags
+from gpusim.cli.console import show
 from gpusim.errors import InvalidConfig
 from gpusim.explore import values
 from gpusim.explore.sweep import MAX_POINTS, METRICS, SweepResult, sweep
-from gpusim.plan.job import OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.job import OPTIMIZERS
+from gpusim.progress import ProgressBar
+from gpusim.tables import ranked_points, sweep_table
 
 # Flags that are estimate() keywords under the same name (dashes for underscores).
 _JOB_FLAGS = ("model", "gpu", "batch_size", "precision", "epochs", "dataset_size", "tokens",
               "steps", "seq_len", "grad_accum", "optimizer", "checkpointing", "loader_workers")
-_LOWER_IS_WORSE = frozenset({"samples_per_s", "tokens_per_s", "mfu"})
-_TABLE_ROWS = 50  # longer sweeps print their best points only; the file has them all
-
-
-def add_run_length_flags(p: argparse.ArgumentParser) -> None:
-    """--epochs/--dataset-size, --tokens or --steps: how long the run is."""
-    length = p.add_argument_group("run length (one of; default one step)")
-    length.add_argument("--epochs", type=numbers.positive,
-                        help="epochs over --dataset-size samples")
-    length.add_argument("--dataset-size", type=numbers.count, help="samples per epoch")
-    length.add_argument("--tokens", type=numbers.positive, help="training tokens (language models)")
-    length.add_argument("--steps", type=numbers.count, help="optimizer steps")
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -41,8 +27,8 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="zoo name (gpusim models list) or a model YAML file")
     p.add_argument("--gpu", help="GPU or CPU profile name or alias, or a YAML file")
     p.add_argument("--batch-size", type=numbers.count, help="samples per optimizer step")
-    p.add_argument("--precision", choices=TRAINING_PRECISIONS)
-    add_run_length_flags(p)
+    flags.add_precision_flag(p)
+    flags.add_run_length_flags(p)
     p.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
     tech = p.add_argument_group("training techniques")
     tech.add_argument("--grad-accum", type=numbers.count, help="microbatches per optimizer step")
@@ -104,61 +90,15 @@ def add_parsers(sub: Any) -> None:
                      help="the Dask scheduler or Ray cluster address (Ray default: auto)")
 
 
-class _ProgressBar:
-    """A one-line bar on stderr when it is a terminal; a summary line when it is not."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.live = stream.isatty()
-        self.start = time.perf_counter()
-        self.first = True
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.first and done:
-            print(f"resuming: {done} of {total} points already done")
-        self.first = False
-        if self.live:
-            filled = round(30 * done / total) if total else 30
-            self.stream.write(f"\rsweep [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} "
-                              f"points  {time.perf_counter() - self.start:.1f} s")
-            self.stream.flush()
-
-    def finish(self, result: SweepResult) -> None:
-        if self.live:
-            self.stream.write("\n")
-        ran = len(result.rows) - result.resumed
-        self.stream.write(f"sweep: {len(result.rows)} points ({ran} run, {result.resumed} "
-                          f"resumed, {result.infeasible} do not run) in "
-                          f"{time.perf_counter() - self.start:.1f} s\n")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _table(result: SweepResult, metric: str) -> list[str]:
-    rows = list(result.rows)
-    ranked = sorted((r for r in rows if r[metric] is not None), key=lambda r: r[metric],
-                    reverse=metric in _LOWER_IS_WORSE)
-    head = ""
-    if len(rows) > _TABLE_ROWS:
-        rows = ranked[:10]
-        head = f"best 10 of {len(result.rows)} points by {metric}:"
-    columns = [*result.fields, metric, "fits", "error"]
-    cells = [[_cell(r[c]) if c != "error" else (r[c] or "")[:80] for c in columns]
-             for r in rows]
-    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
-    lines = [head] if head else []
-    lines.append("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
-              for line in cells]
-    if ranked:
-        best = ranked[0]
-        where = ", ".join(f"{f}={best[f]}" for f in result.fields)
-        lines.append(f"best {metric}: {_cell(best[metric])} at {where}")
-    return lines
+def _best_line(result: SweepResult, metric: str) -> str | None:
+    ranked = ranked_points(result, metric)
+    if not ranked:
+        return None
+    best = ranked[0]
+    where = ", ".join(f"{f}={best[f]}" for f in result.fields)
+    value = best[metric]
+    return f"best {metric}: {value:.4g} at {where}" if isinstance(value, float) else \
+        f"best {metric}: {value} at {where}"
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -167,18 +107,33 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise InvalidConfig("a field is given to --vary twice; give all its values "
                                    "in one --vary")
     vary_values = {name: values.parse_values(spec) for name, spec in vary.items()}
-    bar = _ProgressBar(sys.stderr)
+    resumed: list[int] = []
+
+    def report(done: int, total: int) -> None:
+        if not resumed:
+            resumed.append(done)
+            if done:
+                print(f"resuming: {done} of {total} points already done")
+        bar(done, total)
+
     try:
-        result = sweep(job_settings(args), vary_values, out=args.out, workers=args.workers,
-                       executor=args.executor, scheduler=args.scheduler, progress=bar,
-                       max_points=args.max_points)
+        with ProgressBar("sweep", unit="points") as bar:
+            result = sweep(job_settings(args), vary_values, out=args.out,
+                           workers=args.workers, executor=args.executor,
+                           scheduler=args.scheduler, progress=report,
+                           max_points=args.max_points)
     except KeyboardInterrupt:
         saved = f"; finished points are in {args.out}: run the same command to resume" \
             if args.out else ""
         print(f"\ngpusim: sweep interrupted{saved}", file=sys.stderr)
         return 130
-    bar.finish(result)
-    print("\n".join(_table(result, args.metric)))
+    ran = len(result.rows) - result.resumed
+    print(f"sweep: {len(result.rows)} points ({ran} run, {result.resumed} resumed, "
+          f"{result.infeasible} do not run) in {bar.elapsed_s:.1f} s", file=sys.stderr)
+    show(sweep_table(result, args.metric))
+    best = _best_line(result, args.metric)
+    if best:
+        print(best)
     for field in result.inert_fields():
         print(f"note: {field} changed no result: this job does not use it"
               + (f" ({values.DESCRIPTIVE[field[len(values.GPU_PREFIX):]]})"

@@ -8,8 +8,10 @@ from typing import Any
 
 from gpusim import numbers, paths
 from gpusim.calibrate import fit
+from gpusim.cli.console import show
 from gpusim.errors import MissingDependency
 from gpusim.hardware.calibration import load_calibration_file
+from gpusim.tables import add_row, new_table
 from gpusim.validate.compare import cross_device_ranking, run_spread, validate_all
 from gpusim.validate.report import format_reports
 
@@ -94,14 +96,16 @@ def calibrate(args: argparse.Namespace) -> int:
         result = fit.for_architecture(result)
     cal = result.calibration
     print(f"calibration of {cal.device or cal.architecture} from {result.source}")
-    print(f"  {'group':<11}{'cases':>6}{'error before':>14}{'after':>8}  worst case after")
+    table = new_table(["group", "cases", "error before", "after", "worst case after"],
+                      left=("group", "worst case after"))
     for g in result.groups:
-        print(f"  {g.group:<11}{g.cases:>6}{g.error_before:>14.1%}{g.error_after:>8.1%}  "
-              f"{g.worst_case} ({g.worst_error:+.0%})")
+        add_row(table, [g.group, g.cases, f"{g.error_before:.1%}", f"{g.error_after:.1%}",
+                        f"{g.worst_case} ({g.worst_error:+.0%})"])
         for name, value in g.parameters.items():
-            print(f"      {name:<32} {value:.4g}")
+            add_row(table, [f"    {name}", "", "", "", f"{value:.4g}"])
+    show(table)
     o = cal.overhead
-    print(f"  {'overhead':<11} dispatch {o.dispatch_us:.3g} us, launch {o.launch_us:.3g} us, "
+    print(f"  overhead: dispatch {o.dispatch_us:.3g} us, launch {o.launch_us:.3g} us, "
           f"kernel gap {o.kernel_us:.3g} us, autograd {o.autograd_us:.3g} us per op, module "
           f"call {o.module_us:.3g} us, backward() call {o.backward_call_us:.3g} us")
     if not args.dry_run:

@@ -19,7 +19,11 @@ from gpusim.estimate import estimate, resolve_model
 from gpusim.explore.search import search
 from gpusim.hardware.catalog import load_device
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
-from gpusim.plan.job import DEFAULT_LOADER_WORKERS, Checkpointing, TrainingPrecision
+from gpusim.plan.job import (
+    DEFAULT_LOADER_WORKERS,
+    Checkpointing,
+    auto_precision,
+)
 from gpusim.pricing import Pricing, RunCost, run_cost
 from gpusim.report import TrainingEstimate
 from gpusim.workload.model import Model
@@ -154,14 +158,6 @@ def _fit_many(model: Model, gpu: GPUProfile, num: int, batch: int,
     return result, f"{c.describe()}, recompute {best.checkpointing}"
 
 
-def auto_precision(device: DeviceProfile) -> TrainingPrecision:
-    """Mixed precision as the device's matrix units take it: bf16, else fp16, else fp32."""
-    for precision in ("bf16", "fp16"):
-        if precision in device.matrix_tflops:
-            return precision
-    return "fp32"
-
-
 def compare_one(model: Model, device: DeviceProfile, num_devices: int, batch: int,
                 pricing: Pricing, options: dict[str, Any]) -> Comparison:
     """One row: the device fitted to the job, or the reason it cannot run it. Precision
@@ -184,28 +180,55 @@ def compare_one(model: Model, device: DeviceProfile, num_devices: int, batch: in
     return Comparison(device, num_devices, result, run_cost(result, device, pricing), setup)
 
 
-def compare(model: str | Model, devices: Sequence[str | DeviceProfile], *,
+Devices = Sequence[str | DeviceProfile | tuple[str | DeviceProfile, int]]
+
+
+def device_counts(devices: Devices, num_devices: int) -> list[tuple[DeviceProfile, int]]:
+    """Each device with its count: ``"rtx-4090:8"`` or ``(profile, 8)`` names its own,
+    a bare name or profile takes ``num_devices``."""
+    out = []
+    for item in devices:
+        count = num_devices
+        if isinstance(item, tuple):
+            item, count = item
+        elif isinstance(item, str) and ":" in item:
+            item, _, text = item.rpartition(":")
+            if not text.strip().isascii() or not text.strip().isdigit():
+                raise GpusimError(f"a device count is a whole number, as in rtx-4090:8 "
+                                  f"(got {text!r} after {item!r})")
+            count = int(text)
+        if count < 1:
+            raise GpusimError(f"a device count must be at least 1 (got {count})")
+        out.append((item if isinstance(item, DeviceProfile) else load_device(item), count))
+    return out
+
+
+def compare(model: str | Model, devices: Devices, *,
             num_devices: int = 1, batch_size: int | None = None, sort: str = "time",
             pricing: Pricing | None = None,
             progress: Callable[[int, int, str], None] | None = None,
             **options: Any) -> list[Comparison]:
     """Rank ``devices`` on one job, best first by ``sort`` (time, cost, ownership or
-    energy); ``options`` are estimate() keywords (precision, tokens, seq_len, ...)."""
+    energy). A device is a profile or its name, with its own count as ``"name:8"`` or
+    ``(name, 8)`` (setups buyers compare, such as eight RTX 4090s against two H100s);
+    otherwise ``num_devices`` of it. ``options`` are estimate() keywords (precision,
+    tokens, seq_len, ...). The global batch is the same for every setup (default: the
+    largest setup's default)."""
     if sort not in SORT_KEYS:
         raise GpusimError(f"sort by one of {', '.join(SORT_KEYS)} (got {sort!r})")
     if num_devices < 1:
         raise GpusimError(f"--num-gpus must be at least 1 (got {num_devices})")
     net = resolve_model(model, options.pop("seq_len", None))
-    batch = batch_size or default_batch(net, num_devices)
+    setups = device_counts(devices, num_devices)
+    batch = batch_size or default_batch(net, max(n for _, n in setups))
     pricing = pricing or Pricing()
-    profiles = [d if isinstance(d, DeviceProfile) else load_device(d) for d in devices]
     rows = []
-    for i, device in enumerate(profiles):
+    for i, (device, count) in enumerate(setups):
         if progress:
-            progress(i, len(profiles), device.name)
-        rows.append(compare_one(net, device, num_devices, batch, pricing, options))
+            progress(i, len(setups), device.name)
+        rows.append(compare_one(net, device, count, batch, pricing, options))
     if progress:
-        progress(len(profiles), len(profiles), "")
+        progress(len(setups), len(setups), "")
     return rank(rows, sort)
 
 

@@ -17,12 +17,18 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
 from gpusim.estimate import mfu_peak, simulate_parallel_step
-from gpusim.plan.job import Checkpointing, Optimizer, TrainingPrecision
+from gpusim.plan.job import (
+    AUTO_PRECISION,
+    Checkpointing,
+    Optimizer,
+    TrainingPrecision,
+    auto_precision,
+)
 from gpusim.plan.parallel import ParallelPlan, plan_parallel, stage_memory, tied_embedding_params
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits_parallel
@@ -78,6 +84,7 @@ class SearchResult:
     considered: int
     elapsed_s: float
     dominated: int = 0  # a lighter recompute of the same split fits and is faster
+    precision: str = ""  # what the configurations train in ("auto" resolved)
 
 
 def _divisors(n: int) -> list[int]:
@@ -199,12 +206,15 @@ def closed_form_step(plan: ParallelPlan) -> float:
 
 
 def search(model: Model, topology: Topology, batch: int, *,
-           precision: TrainingPrecision = "bf16", optimizer: Optimizer = "adam", top: int = 10,
+           precision: TrainingPrecision | Literal["auto"] = "auto", optimizer: Optimizer = "adam",
+           top: int = 10,
            loader_workers: int = 0,
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Rank every valid configuration of ``model`` on ``topology`` for global ``batch``
     (``loader_workers`` per data-parallel replica; 0 feeds synthetic input)."""
     start = time.perf_counter()
+    chosen: TrainingPrecision = (auto_precision(topology.gpu) if precision == AUTO_PRECISION
+                                 else precision)  # type: ignore[assignment]
     options = list(candidates(model, topology, batch))
     chunk_cache: dict[Any, Any] = {}
     fits: list[tuple[float, ParallelJob, float]] = []
@@ -221,7 +231,7 @@ def search(model: Model, topology: Topology, batch: int, *,
             continue
         label = f"{config.describe()}, recompute {rec}"
         try:
-            job = ParallelJob(model, topology, batch, config, precision, optimizer, rec,
+            job = ParallelJob(model, topology, batch, config, chosen, optimizer, rec,
                               loader_workers=loader_workers)
             plan = plan_parallel(job, cache=chunk_cache)
             edges = {0, len(plan.stages) - 1}  # the first stage keeps most activations
@@ -249,6 +259,6 @@ def search(model: Model, topology: Topology, batch: int, *,
         ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu))
     ranked.sort(key=lambda r: r.step_time_s)
     return SearchResult(tuple(ranked), tuple(rejected), len(options),
-                        time.perf_counter() - start, dominated)
+                        time.perf_counter() - start, dominated, chosen)
 
 

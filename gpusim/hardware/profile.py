@@ -10,10 +10,13 @@ Units are in the key names; the properties at the bottom of each class convert t
 
 from __future__ import annotations
 
+import difflib
 import re
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticUndefined
 
 from gpusim import units
 
@@ -43,10 +46,13 @@ class Frozen(BaseModel):
 
 
 class PriceQuote(Frozen):
-    """An on-demand cloud price for one device, as a provider listed it on a date."""
+    """An on-demand cloud price for one device, as a provider listed it on a date: per
+    device-hour, from an instance of ``instance_gpus`` devices (1: a single-card rental;
+    8: an 8-GPU server, the unit large jobs rent)."""
 
     usd_per_hour: Positive
     provider: str
+    instance_gpus: int = Field(default=1, ge=1)
     date: str = Field(description="YYYY-MM or YYYY-MM-DD")
     source: str
 
@@ -85,28 +91,65 @@ class Profile(Frozen):
 
     @model_validator(mode="after")
     def _check_name_and_sources(self) -> Profile:
+        problems = []  # both rules' problems in one run
         if not _NAME.match(self.name):
-            raise ValueError(
+            problems.append(
                 f"name {self.name!r} must be lowercase letters, digits, '.', '+' or '-'"
             )
-        missing = []  # every field without a source, named at once
-        for field_name in type(self).model_fields:
-            if field_name in _UNSOURCED:
-                continue
-            value = getattr(self, field_name)
-            if value is None:
-                continue
-            if isinstance(value, dict):
-                missing += [f"{field_name}.{key}" for key in value
-                            if field_name not in self.sources
-                            and f"{field_name}.{key}" not in self.sources]
-            elif field_name not in self.sources:
-                missing.append(field_name)
-        if missing:
-            raise ValueError(f"{len(missing)} field{'s' if len(missing) > 1 else ''} without "
-                             f"a source: {', '.join(missing)}; add sources.<field> for each "
-                             f"(or sources.<field>.<key> for one entry of a table)")
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        unsourced = unsourced_problem(type(self), fields, self.sources)
+        if unsourced:
+            problems.append(unsourced)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+
+def unsourced_problem(cls: type[Profile], data: Mapping[str, Any],
+                      sources: Mapping[str, Any]) -> str | None:
+    """Every figure of ``data`` (a profile's fields, or a file's mapping, whose missing fields
+    take their defaults) without a source, named at once; None when each has one. A source
+    keyed by no field that is close to a missing one is named as the likely misspelling."""
+    missing = []
+    for field_name, field in cls.model_fields.items():
+        if field_name in _UNSOURCED:
+            continue
+        value = data[field_name] if field_name in data else field.get_default(
+            call_default_factory=True)
+        if value is None or value is PydanticUndefined:
+            continue
+        if isinstance(value, dict):
+            missing += [f"{field_name}.{key}" for key in value
+                        if field_name not in sources
+                        and f"{field_name}.{key}" not in sources]
+        elif field_name not in sources:
+            missing.append(field_name)
+    if not missing:
+        return None
+    slips = []  # sources.memory_bandwith_gb_s leaves memory_bandwidth_gb_s unsourced
+    for key in sources:
+        why = source_key_problem(cls, data, str(key))
+        close = difflib.get_close_matches(str(key), missing, n=1) if why else []
+        if close:
+            slips.append(f"sources.{key} names no figure ({why}): did you mean "
+                         f"sources.{close[0]}?")
+    return (f"{len(missing)} field{'s' if len(missing) > 1 else ''} without "
+            f"a source: {', '.join(missing)}; add sources.<field> for each "
+            f"(or sources.<field>.<key> for one entry of a table)"
+            + "".join(f"; {slip}" for slip in slips))
+
+
+def source_key_problem(cls: type[Profile], data: Mapping[str, Any], key: str) -> str | None:
+    """Why ``sources.<key>`` names no figure of a ``cls`` profile with fields ``data`` (no
+    such field, or no such entry of its table), or None when it names one."""
+    field_name, dot, entry = key.partition(".")
+    if field_name not in cls.model_fields:
+        kind = cls.model_fields.get("kind")
+        return f"a {kind.default if kind else 'hardware'} profile has no field {field_name}"
+    table = data.get(field_name)
+    if dot and isinstance(table, dict) and entry not in table:
+        return f"{field_name} has no entry {entry}"
+    return None
 
 
 class DeviceProfile(Profile):
@@ -177,11 +220,16 @@ class DeviceProfile(Profile):
                 return units.tflops(self.vector_tflops[candidate]), "vector"
         return units.tflops(self.vector_tflops["fp32"]), "vector"
 
-    def cloud_price_usd_per_hour(self) -> PriceQuote | None:
-        """The lowest listed on-demand price, or None when no provider lists one."""
+    def cloud_price_usd_per_hour(self, num_devices: int = 1) -> PriceQuote | None:
+        """The lowest listed on-demand price per device-hour for a job of ``num_devices``:
+        the instances that job would rent (whole servers once it fills one, since a
+        single-card marketplace rate does not scale to a cluster), else the lowest of any
+        size; None when no provider lists one."""
         if not self.cloud_prices:
             return None
-        return min(self.cloud_prices, key=lambda q: q.usd_per_hour)
+        servers = [q for q in self.cloud_prices
+                   if q.instance_gpus > 1 and num_devices >= q.instance_gpus]
+        return min(servers or self.cloud_prices, key=lambda q: q.usd_per_hour)
 
     def purchase_price(self) -> PurchaseQuote | None:
         """What one unit costs to buy: the newest street price, else the launch price."""

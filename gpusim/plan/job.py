@@ -23,6 +23,16 @@ from gpusim.workload.numerics import Numerics
 
 TrainingPrecision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 TRAINING_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+AUTO_PRECISION = "auto"
+
+
+def auto_precision(device: DeviceProfile) -> TrainingPrecision:
+    """Mixed precision as the device's matrix units take it: bf16, else fp16, else fp32
+    (what `--precision auto`, every command's default, picks)."""
+    for precision in ("bf16", "fp16"):
+        if precision in device.matrix_tflops:
+            return precision
+    return "fp32"
 Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum", "adamw8bit"]
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum", "adamw8bit")
 # A recompute mode (gpusim.plan.recompute): none, selective, per-op, full or every-k:N.

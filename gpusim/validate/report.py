@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from gpusim import units
+from gpusim.tables import add_row, new_table, render
 from gpusim.validate.compare import DeviceReport, cross_device_ranking, run_spread
 
 
@@ -21,17 +22,18 @@ def format_reports(reports: list[DeviceReport], verbose: bool = False) -> str:
     for rep in reports:
         lines.append(f"{rep.device}: {len(rep.rows)} cases from {rep.source} "
                      f"(calibration {rep.calibration})")
-        lines.append(f"  {'case':<40}{'predicted':>12}{'measured':>12}{'error':>9}"
-                     f"{'memory':>9}")
+        table = new_table(["case", "predicted", "measured", "error", "memory error"],
+                          left=("case",))
         for row in rep.rows:
-            lines.append(f"  {row.id:<40}{units.human_seconds(row.predicted_s):>12}"
-                         f"{units.human_seconds(row.measured_s):>12}{_pct(row.error):>9}"
-                         f"{_pct(row.memory_error):>9}")
+            add_row(table, [row.id, units.human_seconds(row.predicted_s),
+                            units.human_seconds(row.measured_s), _pct(row.error),
+                            _pct(row.memory_error)])
             if verbose:
                 for lay in row.layers:
-                    lines.append(f"      {lay.layer + ' ' + lay.phase:<36}"
-                                 f"{units.human_seconds(lay.predicted_s):>12}"
-                                 f"{units.human_seconds(lay.measured_s):>12}{_pct(lay.error):>9}")
+                    add_row(table, [f"    {lay.layer} {lay.phase}",
+                                    units.human_seconds(lay.predicted_s),
+                                    units.human_seconds(lay.measured_s), _pct(lay.error), ""])
+        lines += ["  " + line for line in render(table).splitlines()]
         d = rep.to_dict()
         lines.append(f"  step time: MAPE {_abs_pct(d['mape'])}, p90 "
                      f"{_abs_pct(d['p90_abs_error'])}, max {_abs_pct(d['max_abs_error'])} "

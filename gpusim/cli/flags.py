@@ -1,0 +1,167 @@
+"""Flags more than one command takes, defined once: the job (model, device, batch,
+techniques, split), the run's length, precision and price."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpusim import numbers
+from gpusim.plan.job import DEFAULT_LOADER_WORKERS, OPTIMIZERS, TRAINING_PRECISIONS
+from gpusim.plan.offload import OFFLOADS
+from gpusim.plan.parallel_job import SCHEDULES, ZERO_STAGES
+from gpusim.plan.recompute import HELP as RECOMPUTE_HELP
+from gpusim.stack import ATTENTION_KERNELS
+from gpusim.workload.fp8 import FP8_RECIPES
+
+PRECISIONS = ("auto", *TRAINING_PRECISIONS)
+PRECISION_HELP = ("auto (default): the device's fastest mixed precision, bf16 where its "
+                  "matrix units take it, else fp16, else fp32")
+
+
+def add_precision_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup,
+                       default: str | None = "auto") -> None:
+    """--precision, with the same default (auto) in every command."""
+    p.add_argument("--precision", default=default, choices=PRECISIONS, help=PRECISION_HELP)
+
+
+def add_price_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--usd-per-gpu-hour", type=numbers.nonnegative, metavar="USD",
+                   help="price the run at this rate per device-hour (default: the profile's "
+                        "cheapest listed on-demand price, from an 8-GPU instance once the job "
+                        "fills one; the output names it)")
+
+
+def add_run_length_flags(p: argparse.ArgumentParser) -> None:
+    """--epochs/--dataset-size, --tokens or --steps: how long the run is."""
+    length = p.add_argument_group("run length (one of; default one step)")
+    length.add_argument("--epochs", type=numbers.positive,
+                        help="epochs over --dataset-size samples")
+    length.add_argument("--dataset-size", type=numbers.count, help="samples per epoch")
+    length.add_argument("--tokens", type=numbers.positive, help="training tokens (language models)")
+    length.add_argument("--steps", type=numbers.count, help="optimizer steps")
+
+
+def add_loader_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup,
+                    default: int | None = DEFAULT_LOADER_WORKERS) -> None:
+    p.add_argument("--loader-workers", type=numbers.count0, default=default,
+                   help=f"data-loader worker processes per data-parallel replica (default "
+                        f"{DEFAULT_LOADER_WORKERS}; 0: synthetic data on the device)")
+
+
+def add_json_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+DIMENSIONS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+
+
+def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The flags that describe a training job (model, device, batch, techniques, split),
+    shared by estimate and memory; returns the "many GPUs" group for more."""
+    e.add_argument("--model", required=True,
+                   help="zoo name (gpusim models list), a model YAML file, or 'transformer' "
+                        "with --layers/--hidden/--heads")
+    e.add_argument("--gpu",
+                   help="GPU or CPU profile name or alias (gpusim profiles list), or a YAML "
+                        "file; with --system, its GPU")
+    e.add_argument("--batch-size", type=numbers.count, required=True,
+                   help="samples per optimizer step (the global batch over all GPUs)")
+    add_precision_flag(e)
+    e.add_argument("--seq-len", type=numbers.count, help="sequence length (language models)")
+    tech = e.add_argument_group("training techniques")
+    tech.add_argument("--grad-accum", type=numbers.count, default=1,
+                      help="microbatches per optimizer step (default 1)")
+    tech.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    tech.add_argument("--recompute", "--checkpointing", dest="checkpointing", default="none",
+                      metavar="MODE", help=RECOMPUTE_HELP)
+    tech.add_argument("--max-batch", action="store_true",
+                      help="run the largest microbatch that fits and divides the batch "
+                           "(accumulating the rest), as people find it by trial")
+    tech.add_argument("--stack", metavar="NAME",
+                      help="how the framework writes the layers (norms, grouped K/V, "
+                           "SwiGLU): pytorch (default), hf-transformers, litgpt, torchtitan, "
+                           "torchtune, megatron, or a stack YAML file (stacks/)")
+    tech.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
+                      help="with --precision fp8 (linear layers only; attention, norms and "
+                           "the head stay bf16): tensorwise (default; torchao), rowwise, "
+                           "delayed (Transformer Engine) or mxfp8 scaling, each with its "
+                           "cast and scale kernels")
+    tech.add_argument("--attention", choices=ATTENTION_KERNELS,
+                      help="attention kernel: auto (SDPA's choice on the GPU; the stack's "
+                           "default), flash2 (FlashAttention-2), cudnn, efficient, or math "
+                           "(unfused: the seq x seq scores in memory)")
+    tech.add_argument("--finetune", default="full", choices=("full", "lora", "qlora"),
+                      help="full (default), or LoRA adapters on a frozen base (qlora: the "
+                           "base's projections in 4-bit NF4)")
+    tech.add_argument("--lora-rank", type=numbers.count, default=8, help="default 8")
+    tech.add_argument("--lora-targets", default="q,v",
+                      help="projections that get adapters: q,k,v,o,gate,up,down (default q,v)")
+    tech.add_argument("--lora-dropout", action="store_true",
+                      help="dropout on the adapters' input (keeps a dropped copy and mask)")
+    tech.add_argument("--offload", default="none", choices=OFFLOADS,
+                      help="keep the optimizer (ZeRO-Offload) or, under --zero 3, FSDP's "
+                           "weight shards too (params) in host memory; the CPUs step")
+    tech.add_argument("--pure-bf16", action="store_true",
+                      help="hold the model in bf16: weights, gradients and optimizer states, "
+                           "no fp32 copies (torchtune, LitGPT bf16-true); needs --precision "
+                           "bf16")
+    tech.add_argument("--freeze", default="",
+                      help="comma-separated layer-name prefixes to freeze (e.g. embed,h.0)")
+    add_loader_flag(tech)
+    many = e.add_argument_group("many GPUs")
+    many.add_argument("--num-gpus", type=numbers.count, help="GPUs in the job (default 1)")
+    many.add_argument("--nodes", type=numbers.count,
+                      help="nodes of --system (instead of --num-gpus)")
+    many.add_argument("--system", help="node design (gpusim profiles list), e.g. dgx-h100; "
+                                       "default: one built around --gpu")
+    many.add_argument("--tp", type=numbers.count, default=1, help="tensor-parallel size")
+    many.add_argument("--pp", type=numbers.count, default=1, help="pipeline-parallel stages")
+    many.add_argument("--cp", type=numbers.count, default=1,
+                      help="context parallelism: split each sequence over this many GPUs "
+                           "(attention gathers the others' keys and values; as torchtitan's "
+                           "--parallelism.context_parallel_degree)")
+    many.add_argument("--ep", type=numbers.count, default=1,
+                      help="expert parallelism: each group of this many data-parallel GPUs "
+                           "holds a share of every MoE layer's experts and exchanges tokens "
+                           "by all-to-all")
+    many.add_argument("--dp", type=numbers.count,
+                      help="data-parallel size (default: GPUs / (TP x CP x PP))")
+    many.add_argument("--microbatch-size", type=numbers.count,
+                      help="samples per GPU per forward pass (default: batch / (DP x "
+                           "grad-accum))")
+    many.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
+                      help="pipeline schedule (default 1f1b)")
+    many.add_argument("--virtual-stages", type=numbers.count, default=1,
+                      help="model chunks per stage for --schedule interleaved")
+    many.add_argument("--pp-layers", type=numbers.count_list, metavar="N,N,...",
+                      help="blocks on each pipeline stage, first to last (default: the same on "
+                           "every stage), e.g. 7,8,8,7 for 30 blocks over --pp 4")
+    many.add_argument("--shard-group", type=numbers.count, metavar="N",
+                      help="with --zero 3: hybrid sharding (HSDP), FSDP inside groups of N "
+                           "data-parallel ranks (a node, say) and replicas across the groups")
+    many.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES,
+                      help="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also "
+                           "weights (FSDP full sharding)")
+    many.add_argument("--sequence-parallel", action="store_true",
+                      help="Megatron-LM sequence parallelism (needs --tp > 1)")
+    many.add_argument("--tp-overlap", action="store_true",
+                      help="overlap tensor-parallel collectives with the products beside them, "
+                           "in chunks (Megatron-LM's --tp-comm-overlap, PyTorch's async TP; "
+                           "needs --sequence-parallel)")
+    many.add_argument("--no-overlap-grad-reduce", action="store_true",
+                      help="reduce data-parallel gradients after the backward pass, not "
+                           "during it")
+    dims = e.add_argument_group("transformer dimensions (with --model transformer)")
+    for name in (*DIMENSIONS, "head_dim"):
+        dims.add_argument(f"--{name.replace('_', '-')}", type=numbers.count)
+    dims.add_argument("--mlp", choices=("gelu", "swiglu", "geglu"),
+                      help="MLP: gelu (GPT, BERT; default), swiglu (Llama, Mistral, Qwen) or "
+                           "geglu (Gemma)")
+    dims.add_argument("--norm", choices=("layernorm", "rmsnorm"), help="default layernorm")
+    dims.add_argument("--position", choices=("learned", "rope"),
+                      help="learned position table (default) or rotary embeddings")
+    dims.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction,
+                      help="share the token table with the output head (default: tied)")
+    dims.add_argument("--bias", action=argparse.BooleanOptionalAction,
+                      help="biases on the projections (default: with)")
+    return many
