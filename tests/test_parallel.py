@@ -272,6 +272,25 @@ def test_search_ranks_fitting_configurations_and_simulates_the_best() -> None:
     assert all(r.config.num_gpus == 16 for r in result.ranked)
 
 
+def test_search_costs_each_configuration_as_a_fresh_plan_does() -> None:
+    """The costs a search shares between configurations (chunks, layer steps) must not leak
+    between configurations that lower differently: a ZeRO-3 job (FSDP's mixed precision,
+    no autocast weight copies) was costed with a ZeRO-0 job's autocast kernels."""
+    from gpusim.explore.search import closed_form_step
+
+    model, topo = zoo.get("llama3-8b"), Topology.build("dgx-h100", 16)
+    result = search(model, topo, 64, precision="bf16", top=1)
+    checked = {0: 0, 3: 0}
+    for row in result.ranked:
+        zero = row.config.zero
+        if row.simulated or checked.get(zero, 3) >= 3:
+            continue
+        job = ParallelJob(model, topo, 64, row.config, "bf16", "adam", row.checkpointing)
+        assert closed_form_step(plan_parallel(job)) == row.step_time_s, row.config.describe()
+        checked[zero] += 1
+    assert checked == {0: 3, 3: 3}
+
+
 def test_search_command_prints_a_ranked_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["search", "--model", "gpt2", "--system", "dgx-h100", "--num-gpus", "8",
                  "--batch-size", "32", "--top", "3", "--json"]) == 0

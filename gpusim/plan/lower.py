@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from gpusim import units
 from gpusim.cost.energy import active_seconds
@@ -182,14 +183,18 @@ def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
     return ops
 
 
-def microbatch_ops(job: TrainingJob) -> list[Op]:
-    """Forward, recompute and backward ops of one microbatch, in issue order."""
+# What a step of a microbatch does to one layer: its forward, its forward again under
+# recompute, its input gradient, its weight gradient.
+StepKind = Literal["forward", "recompute", "input_grad", "weight_grad"]
+
+
+def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
+    """The layer steps of one microbatch in issue order, as (layer index, kind): every
+    forward, then backward from the last layer, each checkpointed block re-run before its
+    first layer's gradients."""
     layers = job.model.layers
-    precision = layer_precisions(job)
     first = _first_trainable(job)
-    ops: list[Op] = []
-    for layer in layers:
-        ops += _forward_ops(layer, job, precision[layer.name], "forward")
+    steps: list[tuple[int, StepKind]] = [(i, "forward") for i in range(len(layers))]
     recomputed: set[str] = set()
     checkpointed = checkpointed_blocks(job.checkpointing, job.model)
     for i in range(len(layers) - 1, max(first, 0) - 1, -1):
@@ -197,20 +202,34 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
         block = layer.block
         if block in checkpointed and block not in recomputed:
             recomputed.add(block)
-            members = [other for other in layers[: i + 1] if other.block == block]
-            saved = policy_saved(job.checkpointing, members)
-            for other in members:
-                if other.name not in saved:
-                    ops += _forward_ops(other, job, precision[other.name], "recompute")
+            members = [j for j in range(i + 1) if layers[j].block == block]
+            saved = policy_saved(job.checkpointing, [layers[j] for j in members])
+            steps += [(j, "recompute") for j in members if layers[j].name not in saved]
         if job.checkpointing == "selective" and isinstance(layer, Attention):
-            ops += _forward_ops(layer, job, precision[layer.name], "recompute")
+            steps.append((i, "recompute"))
         if i > first:
-            ops += [op.with_phase("backward")
-                    for op in _input_grad_ops(layer, job, precision[layer.name])]
+            steps.append((i, "input_grad"))
         if job.trains_weights(layer):
-            ops += [op.with_phase("backward")
-                    for op in _weight_grad_ops(layer, job, precision[layer.name].numerics)]
-    return ops
+            steps.append((i, "weight_grad"))
+    return steps
+
+
+def lower_step(layer: Layer, kind: StepKind, job: TrainingJob, prec: LayerPrecision
+               ) -> list[Op]:
+    """The kernels of one layer step (see microbatch_steps)."""
+    if kind in ("forward", "recompute"):
+        return _forward_ops(layer, job, prec, kind)
+    if kind == "input_grad":
+        return [op.with_phase("backward") for op in _input_grad_ops(layer, job, prec)]
+    return [op.with_phase("backward") for op in _weight_grad_ops(layer, job, prec.numerics)]
+
+
+def microbatch_ops(job: TrainingJob) -> list[Op]:
+    """Forward, recompute and backward ops of one microbatch, in issue order."""
+    layers = job.model.layers
+    precision = layer_precisions(job)
+    return [op for i, kind in microbatch_steps(job)
+            for op in lower_step(layers[i], kind, job, precision[layers[i].name])]
 
 
 def parameter_tensors(layers: Iterable[Layer], is_trainable: Callable[[str], bool]

@@ -23,9 +23,18 @@ from gpusim.comm.topology import CommGroup
 from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
+from gpusim.hardware.profile import DeviceProfile
+from gpusim.plan.autocast import layer_precisions
 from gpusim.plan.context_parallel import cp_collectives, split_sequence
 from gpusim.plan.expert_parallel import expert_share, fold_experts, hold_experts
-from gpusim.plan.lower import layer_kind, microbatch_ops, optimizer_ops, parameter_tensors
+from gpusim.plan.job import TrainingJob
+from gpusim.plan.lower import (
+    layer_kind,
+    lower_step,
+    microbatch_steps,
+    optimizer_ops,
+    parameter_tensors,
+)
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
 from gpusim.plan.offload import offload_seconds
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
@@ -99,6 +108,7 @@ class StagePlan:
     chunks: tuple[ChunkPlan, ...]
     optimizer_s: float
     params: int
+    key: Any = None  # its chunks' costing keys: stages of equal keys plan alike
 
     @property
     def trainable_params(self) -> int:
@@ -111,6 +121,7 @@ class ParallelPlan:
     stages: tuple[StagePlan, ...]
     groups: dict[str, CommGroup]
     calibration: Calibration
+    cache: dict[Any, Any] | None = None  # shared with other jobs of a search (plan_parallel)
 
     @property
     def microbatches(self) -> int:
@@ -137,11 +148,24 @@ class ParallelPlan:
                                   self.stages[0].chunks[0].activation_bytes)
 
 
-def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
+# An op as a pass's accounting sees it: (layer, name suffix, phase, seconds, active
+# seconds, FLOPs, host seconds beyond the per-op dispatch).
+Costed = tuple[str, str, str, float, float, float, float]
+
+
+def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[Costed]:
+    out: list[Costed] = []
+    for op in ops:
+        kc = kernel_cost(op, device, cal)
+        out.append((op.layer, op.name.rsplit(".", 1)[-1], op.phase, kc.seconds,
+                    active_seconds(kc), op.flops, op_host_extra(op, cal)))
+    return out
+
+
+def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
           host_per_op: float, act: int, queue: Queue | None = None) -> Work:
     """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it."""
     n = job.parallel.microbatch_size
-    device = job.topology.gpu
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
     cp_group = job.topology.place(job.parallel.context, stride=job.parallel.tensor)
     ep_group = expert_group(job)
@@ -150,19 +174,17 @@ def _work(ops: list[Op], layers: dict[str, Layer], job: ParallelJob, cal: Calibr
     gemm_s: dict[tuple[str, str], float] = defaultdict(float)
     passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
     device_s = []
-    for op in ops:
-        kc = kernel_cost(op, device, cal)
-        cost = kc.seconds
+    for layer, suffix, phase, cost, busy, op_flops, _ in ops:
         device_s.append(cost)
         compute += cost
-        active += active_seconds(kc)
-        if op.phase == "recompute":
+        active += busy
+        if phase == "recompute":
             recompute += cost
         else:
-            flops += op.flops
-        gemm_s[(op.layer, op.name.rsplit(".", 1)[-1])] += cost
-        if op.layer in layers:
-            passes.setdefault((op.phase, op.layer))
+            flops += op_flops
+        gemm_s[(layer, suffix)] += cost
+        if layer in layers:
+            passes.setdefault((phase, layer))
     p = job.parallel
     for phase, name in passes:
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
@@ -207,7 +229,7 @@ class Queue:
         return idle
 
 
-def _host_seconds(ops: list[Op], layers: dict[str, Layer], cal: Calibration,
+def _host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
                   host_per_op: float) -> list[float]:
     """What the host spends dispatching each op of a pass, as the single-device lowering
     charges it: the op's dispatch, and at a layer's first op its Python and autograd nodes,
@@ -216,12 +238,12 @@ def _host_seconds(ops: list[Op], layers: dict[str, Layer], cal: Calibration,
     seen: set[tuple[str, str]] = set()
     started = False
     out = []
-    for op in ops:
-        host = host_per_op + op_host_extra(op, cal)
-        if op.layer in layers and (op.phase, op.layer) not in seen:
-            seen.add((op.phase, op.layer))
-            host += units.us(o.layer_call_us(layer_kind(layers[op.layer]), op.phase))
-        if op.phase == "backward" and not started:
+    for layer, _, phase, _, _, _, extra in ops:
+        host = host_per_op + extra
+        if layer in layers and (phase, layer) not in seen:
+            seen.add((phase, layer))
+            host += units.us(o.layer_call_us(layer_kind(layers[layer]), phase))
+        if phase == "backward" and not started:
             started = True
             host += units.us(o.backward_call_us)
         out.append(host)
@@ -268,15 +290,40 @@ def _split(job: ParallelJob, cache: dict[Any, Any]
     return found
 
 
-def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Calibration,
-                host_per_op: float) -> ChunkPlan:
+def _chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[Any, ...],
+               cal: Calibration, cache: dict[Any, Any]) -> list[Costed]:
+    """The costed ops of one microbatch of a chunk, in issue order. Each layer step is
+    lowered and costed once per shape (``cache``; equal layers have equal ``signature``
+    numbers) and its ops named after the layer that runs it."""
+    layers = stage_job.model.layers
+    precision = layer_precisions(stage_job)
+    device = stage_job.device
+    out: list[Costed] = []
+    for i, kind in microbatch_steps(stage_job):
+        layer = layers[i]
+        prec = precision[layer.name]
+        key = ("step", shape, signature[i], kind, prec, stage_job.is_trainable(layer.name),
+               stage_job.quantized(layer))
+        found = cache.get(key)
+        if found is None:
+            found = [("" if c[0] == layer.name else c[0], *c[1:])
+                     for c in costed_ops(lower_step(layer, kind, stage_job, prec), device, cal)]
+            cache[key] = found
+        name = layer.name
+        out += [(c[0] or name, *c[1:]) for c in found]
+    return out
+
+
+def _chunk_plan(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
+                shape: tuple[Any, ...], job: ParallelJob, cal: Calibration,
+                host_per_op: float, cache: dict[Any, Any]) -> ChunkPlan:
     sub = Model(f"{job.model.name}[{index}]", layers, job.model.input, job.model.family,
                 job.model.tokens_per_sample)
     stage_job = job.stage_job(sub, first=index == 0)
-    ops = microbatch_ops(stage_job)
+    ops = _chunk_ops(stage_job, signature, shape, cal, cache)
     by_name = {la.name: la for la in layers}
-    fwd = [op for op in ops if op.phase == "forward"]
-    bwd = [op for op in ops if op.phase != "forward"]
+    fwd = [op for op in ops if op[2] == "forward"]
+    bwd = [op for op in ops if op[2] != "forward"]
     act = stage_job.numerics().act_bytes
     queue = Queue()  # a microbatch's backward follows its forward on the same host
     forward = _work(fwd, by_name, job, cal, host_per_op, act, queue)
@@ -293,8 +340,19 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], job: ParallelJob, cal: Ca
                      max(blocks.values()), forward.flops + backward.flops)
 
 
+def _optimizer_costs(job: ParallelJob, layers: tuple[Layer, ...], cal: Calibration
+                     ) -> tuple[float, int, int]:
+    """A stage's optimizer step before ZeRO shards it: its kernels' device seconds, how many
+    kernels, how many parameter tensors."""
+    opt_job = job.stage_job(Model(f"{job.model.name}-stage", layers, job.model.input,
+                                  job.model.family))
+    opt_ops = optimizer_ops(opt_job)
+    seconds = sum(kernel_cost(op, job.topology.gpu, cal).seconds for op in opt_ops)
+    return seconds, len(opt_ops), len(parameter_tensors(layers, job.whole.is_trainable))
+
+
 def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
-                  cache: dict[Any, ChunkPlan] | None = None) -> ParallelPlan:
+                  cache: dict[Any, Any] | None = None) -> ParallelPlan:
     """Cost every stage's chunks once (microbatches are identical), and place the groups.
 
     ``cache`` shares costed chunks between jobs that differ only in DP, ZeRO or schedule
@@ -305,39 +363,43 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
     cache = {} if cache is None else cache
     layer_chunks, signatures = _split(job, cache)
+    # Everything of the job that changes how a chunk's layers lower and cost (the model,
+    # cluster and stack are the same for every job that shares a cache).
     shape = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel,
-             p.tp_overlap, job.precision,
-             job.checkpointing, job.master_weights, cal.name)
-    plans = []
+             p.tp_overlap, job.precision, job.checkpointing, job.master_weights, job.fsdp,
+             job.pure_bf16, job.fp8_recipe, job.quantized_base, job.adapters_only, cal.name)
+    plans, keys = [], []
     for index, (layers, signature) in enumerate(zip(layer_chunks, signatures, strict=True)):
         # Middle chunks hold identical blocks under different names: cost one of each shape.
         trains = tuple(job.whole.trains_weights(la) for la in layers) if job.freezes else ()
         key = (shape, min(index, 1), trains, signature)
         if key not in cache:
-            cache[key] = _chunk_plan(index, layers, job, cal, host_per_op)
+            cache[key] = _chunk_plan(index, layers, signature, shape, job, cal, host_per_op,
+                                     cache)
         plans.append(replace(cache[key], index=index, layers=layers))
+        keys.append(key)
     stages = []
     for s in range(p.pipeline):
         chunks = tuple(plans[k * p.pipeline + s] for k in range(p.virtual_stages))
+        stage_key = tuple(keys[k * p.pipeline + s] for k in range(p.virtual_stages))
         params = sum(c.params for c in chunks)
-        stage_model = Model(f"{job.model.name}-stage{s}",
-                            tuple(la for c in chunks for la in c.layers), job.model.input,
-                            job.model.family)
-        opt_job = job.stage_job(stage_model)
-        shard = zero_shard(p, stage_model.layers) if p.zero >= 1 else 1.0
-        opt_ops = optimizer_ops(opt_job)
-        optimizer_s = sum(kernel_cost(op, job.topology.gpu, cal).seconds
-                          for op in opt_ops) * shard
-        if opt_ops and job.offload != "none":  # the step on the node's CPUs
+        layers = tuple(la for c in chunks for la in c.layers)
+        if ("shard", stage_key, p) not in cache:
+            cache[("shard", stage_key, p)] = zero_shard(p, layers)
+        shard = cache[("shard", stage_key, p)] if p.zero >= 1 else 1.0
+        if ("optimizer", stage_key) not in cache:
+            cache[("optimizer", stage_key)] = _optimizer_costs(job, layers, cal)
+        device_s, kernels, tensors = cache[("optimizer", stage_key)]
+        optimizer_s = device_s * shard
+        if kernels and job.offload != "none":  # the step on the node's CPUs
             optimizer_s = offload_seconds(
-                job.trainable_params(stage_model.layers) * shard, job.whole.grad_bytes,
+                job.trainable_params(layers) * shard, job.whole.grad_bytes,
                 job.whole.numerics().act_bytes, job.topology.gpu, job.topology.system, cal,
                 sharing=job.topology.gpus_per_node)
-        elif opt_ops and not job.master_weights:  # torch.optim's step() on the host
-            tensors = len(parameter_tensors(stage_model.layers, job.whole.is_trainable))
+        elif kernels and not job.master_weights:  # torch.optim's step() on the host
             optimizer_s = max(optimizer_s, optimizer_host_s(tensors, cal)
-                              + host_per_op * len(opt_ops))
-        stages.append(StagePlan(s, chunks, optimizer_s, params))
+                              + host_per_op * kernels)
+        stages.append(StagePlan(s, chunks, optimizer_s, params, stage_key))
     groups = job.topology.parallel_groups(tensor=p.tensor, data=p.data, pipeline=p.pipeline)
     # ZeRO's gathers and reduce-scatters run inside the shard group (all of DP unless hybrid
     # sharding); hybrid sharding then all-reduces each gradient shard across the groups.
@@ -350,7 +412,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     if tied_embedding_params(job):
         # The first and last stage's ranks of one tensor slice, (PP - 1) x TP x DP apart.
         groups["embedding"] = job.topology.place(2, stride=(p.pipeline - 1) * p.tensor * p.data)
-    return ParallelPlan(job, tuple(stages), groups, cal)
+    return ParallelPlan(job, tuple(stages), groups, cal, cache)
 
 
 def zero_shard(p: ParallelConfig, layers: tuple[Layer, ...]) -> float:
@@ -389,9 +451,12 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
     layers = tuple(la for c in stage.chunks for la in c.layers)
     sub = Model(f"{job.model.name}-stage{stage.stage}", layers, job.model.input,
                 job.model.family, job.model.tokens_per_sample)
-    base = memory_plan(job.stage_job(sub, first=stage.stage == 0))
+    cache = plan.cache if plan.cache is not None and stage.key is not None else {}
+    found: MemoryPlan | None = cache.get(("memory", stage.key, stage.stage == 0))
+    base = found or memory_plan(job.stage_job(sub, first=stage.stage == 0))
+    cache[("memory", stage.key, stage.stage == 0)] = base
     tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
-    shard = zero_shard(p, layers)
+    shard = cache.get(("shard", stage.key, p)) or zero_shard(p, layers)  # see plan_parallel
     gathered = 0.0
     if p.zero == 3:
         # The gathered weights of the running unit and of the prefetched next one, in the
