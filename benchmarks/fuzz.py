@@ -1,8 +1,10 @@
 """Fuzz the command line: N random command lines (default 2,000), each classified as a sane
 result, a clean domain error, or a defect (traceback, nonsense, badly formed error, or a run
 over the time limit), with counts per class and the first examples of each defect.
+``--explore`` draws sweep, search, compare and scaling command lines instead of estimate and
+memory ones.
 
-    python benchmarks/fuzz.py [N] [--seed S]
+    python benchmarks/fuzz.py [N] [--seed S] [--explore]
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fuzz_cli import Outcome, random_command_line, run
+from tests.fuzz_cli import Outcome, random_command_line, random_explore_command_line, run
 
 LIMIT_S = 60
 
@@ -29,6 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("n", type=int, nargs="?", default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--explore", action="store_true",
+                        help="sweep, search, compare and scaling command lines")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     counts: collections.Counter[str] = collections.Counter()
@@ -37,7 +41,7 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _alarm)
     began = time.perf_counter()
     for _ in range(args.n):
-        argv = random_command_line(rng)
+        argv = (random_explore_command_line if args.explore else random_command_line)(rng)
         start = time.perf_counter()
         signal.alarm(LIMIT_S)
         try:
