@@ -21,6 +21,7 @@ from gpusim.plan.job import TrainingJob
 from gpusim.plan.memory_report import MemoryReport, memory_report
 from gpusim.report import StepResult, TrainingEstimate
 from gpusim.workload import zoo
+from gpusim.workload.from_torch import from_torch
 
 __all__ = [
     "GpusimError",
@@ -36,6 +37,7 @@ __all__ = [
     "UnknownModel",
     "build_job",
     "estimate",
+    "from_torch",
     "load_cpu",
     "load_device",
     "load_gpu",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from gpusim import numbers, paths
@@ -17,6 +18,7 @@ from gpusim.plan.lower import lower
 from gpusim.plan.memory_report import memory_report
 from gpusim.report import TrainingEstimate
 from gpusim.sim.ranks import Straggler
+from gpusim.workload.from_torch import load_torch_model
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
@@ -65,7 +67,20 @@ _ARCHITECTURE = {"head_dim": "head_dim", "mlp": "activation", "norm": "norm",
                  "position": "positions", "tie_embeddings": "tied_embeddings", "bias": "bias"}
 
 
+def torch_model(spec: str, args: argparse.Namespace) -> Model | None:
+    """The PyTorch module ``spec`` names (package.module:function), or None when it names
+    a zoo model or a file."""
+    if ":" not in spec or Path(spec).exists() or spec.endswith((".yaml", ".yml", ".json")):
+        if getattr(args, "input_shape", None):
+            raise InvalidConfig("--input-shape goes with --model package.module:function")
+        return None
+    return load_torch_model(spec, args.input_shape, integer_input=args.input_ids)
+
+
 def _model_from_args(args: argparse.Namespace) -> str | Model:
+    imported = torch_model(str(args.model), args)
+    if imported is not None:
+        return imported
     given = {name: getattr(args, name) for name in flags.DIMENSIONS
              if getattr(args, name) is not None}
     for flag, field in _ARCHITECTURE.items():

@@ -48,6 +48,17 @@ def add_loader_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup,
                         f"{DEFAULT_LOADER_WORKERS}; 0: synthetic data on the device)")
 
 
+def add_torch_model_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """How to run a PyTorch model named as --model package.module:function."""
+    p.add_argument("--input-shape", type=numbers.count_list, metavar="B,...",
+                   help="with --model package.module:function (a PyTorch module built on the "
+                        "meta device): the example input's shape, batch first, e.g. "
+                        "8,3,224,224")
+    p.add_argument("--input-ids", action="store_true",
+                   help="the example input holds token ids (integers), as a language model "
+                        "takes")
+
+
 def add_json_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -59,8 +70,10 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """The flags that describe a training job (model, device, batch, techniques, split),
     shared by estimate and memory; returns the "many GPUs" group for more."""
     e.add_argument("--model", required=True,
-                   help="zoo name (gpusim models list), a model YAML file, or 'transformer' "
-                        "with --layers/--hidden/--heads")
+                   help="zoo name (gpusim models list), a model YAML file, a Hugging Face "
+                        "config.json, 'transformer' with --layers/--hidden/--heads, or a "
+                        "PyTorch module as package.module:function with --input-shape")
+    add_torch_model_flags(e)
     e.add_argument("--gpu",
                    help="GPU or CPU profile name or alias (gpusim profiles list), or a YAML "
                         "file; with --system, its GPU")

@@ -8,6 +8,7 @@ from typing import Any
 from gpusim import numbers, units
 from gpusim.cli import flags
 from gpusim.cli.console import show
+from gpusim.cli.estimate import torch_model
 from gpusim.errors import InvalidConfig, InvalidModel
 from gpusim.estimate import resolve_model
 from gpusim.tables import add_row, new_table
@@ -22,7 +23,9 @@ def add_parsers(sub: Any) -> None:
     ml = msub.add_parser("list", help="every zoo model with parameters and FLOPs")
     flags.add_json_flag(ml)
     ms = msub.add_parser("show", help="one model: layers, parameters, FLOPs, memory")
-    ms.add_argument("name", help="zoo name or model YAML file")
+    ms.add_argument("name", help="zoo name, model YAML file, Hugging Face config.json, or "
+                                 "package.module:function (a PyTorch module)")
+    flags.add_torch_model_flags(ms)
     ms.add_argument("--seq-len", type=numbers.count)
     ms.add_argument("--batch-size", type=numbers.count, default=1,
                     help="batch for the activation-memory figure (default 1)")
@@ -69,7 +72,7 @@ def _models(args: argparse.Namespace) -> int:
         return 0
     if args.batch_size <= 0:
         raise InvalidConfig(f"batch size must be positive (got {args.batch_size})")
-    model = resolve_model(args.name, args.seq_len)
+    model = torch_model(args.name, args) or resolve_model(args.name, args.seq_len)
     info = _model_info(model, args.batch_size)
     layers: list[dict[str, Any]] = [
         {"name": lay.name, "type": type(lay).__name__, "parameters": lay.params,
