@@ -1,6 +1,6 @@
 """Predicted against published nccl-tests all-reduce bus bandwidth, then a size sweep.
 
-Reads the ``nccl_`` rows of shared/reference/dev_cases.yaml (beside the project), predicts
+Reads the ``nccl_`` rows of published/dev_cases.yaml, predicts
 each with gpusim's collective model at its stated defaults (never fitted to these rows), and
 prints predicted and measured busBw with the relative error, then the mean absolute error.
 Last, all-reduce time against message size on one 8-GPU DGX H100, with the algorithm chosen.
@@ -24,7 +24,7 @@ from gpusim.hardware.catalog import load_system
 from gpusim.hardware.profile import SystemProfile
 from gpusim.units import GIB, KIB, human_bytes
 
-DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "dev_cases.yaml"
+DEFAULT = Path(__file__).resolve().parents[1] / "published" / "dev_cases.yaml"
 
 _A100 = load_system("dgx-a100")
 _H100 = load_system("dgx-h100")

@@ -1,6 +1,6 @@
 """Predicted against published data-parallel runs: throughput, and how it scales.
 
-Reads the multi-GPU rows of shared/reference/dev_cases.yaml, section B_single_node (NVIDIA
+Reads the multi-GPU rows of published/dev_cases.yaml, section B_single_node (NVIDIA
 DeepLearningExamples: ResNet-50 on one DGX-1 or DGX A100, BERT-large pre-training on one to
 32 DGX A100 nodes), predicts each as a data-parallel job on the row's DGX, and prints the
 predicted and measured throughput and, per workload, the scaling efficiency against the

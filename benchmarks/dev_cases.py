@@ -1,6 +1,6 @@
 """Predicted against published single-GPU training throughput (NVIDIA DeepLearningExamples).
 
-Reads the single-GPU rows of shared/reference/dev_cases.yaml (beside the project), predicts
+Reads the single-GPU rows of published/dev_cases.yaml, predicts
 each with gpusim, and prints predicted, measured and the relative error, then the MAPE. These
 rows are a first check, never fitted: the calibration files say what they were built from.
 
@@ -21,7 +21,7 @@ from gpusim.estimate import estimate
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_gpu
 
-DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "dev_cases.yaml"
+DEFAULT = Path(__file__).resolve().parents[1] / "published" / "dev_cases.yaml"
 GPUS = {"A100 80GB": "a100-80gb", "A100 40GB": "a100-40gb", "V100 16GB": "v100-sxm2-16gb",
         "V100 32GB": "v100-sxm2-32gb"}
 SYSTEMS = {"DGX A100": "dgx-a100", "DGX-1": "dgx-1"}  # hardware text -> system profile

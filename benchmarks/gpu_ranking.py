@@ -5,7 +5,7 @@ and prints per group the measured and predicted order, Kendall's tau-b, pairwise
 and each pair's speed ratio; then the agreement over all groups (gpusim/validate/ranking.py
 says how ties count). Throughput is samples (images, sequences) per second. Sources:
 
-- shared/reference/dev_cases.yaml, section B_single_node (NVIDIA DeepLearningExamples): rows
+- published/dev_cases.yaml, section B_single_node (NVIDIA DeepLearningExamples): rows
   of the same model, precision, per-GPU batch and GPU count on different hardware. One GPU
   is predicted as benchmarks/dev_cases.py does; several GPUs on the row's DGX (DGX-1 with its
   16 or 32 GB V100s, DGX A100), data parallel.
@@ -342,7 +342,7 @@ def format_summary(summary: RankingSummary, data: Collected) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("path", nargs="?", type=Path, default=DEFAULT,
-                        help="dev_cases.yaml (default: shared/reference/ beside the project)")
+                        help="dev_cases.yaml (default: published/dev_cases.yaml)")
     parser.add_argument("--measurements", type=Path, default=None,
                         help="measurements folder (default: the project's measurements/)")
     parser.add_argument("--tie-tolerance", type=float, default=0.0,
