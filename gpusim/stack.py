@@ -29,7 +29,7 @@ DEFAULT_STACK = "pytorch"
 AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "math"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention",
-           "weights")
+           "weights", "fp8_saved_input")
 
 
 class Stack(BaseModel):
@@ -69,6 +69,10 @@ class Stack(BaseModel):
     # (PyTorch's AMP; FSDP's mixed precision gathers 16-bit copies of fp32 shards), or
     # 16-bit weights with fp32 master copies in the optimizer (Megatron-LM's --bf16)
     weights: Literal["autocast", "master"] = "autocast"
+    # under fp8 training, what a converted linear layer keeps of its input for the weight
+    # gradient: the 16-bit input, cast again in backward (torchao's float8), or its fp8
+    # copy, one byte an element (Transformer Engine)
+    fp8_saved_input: Literal["high", "fp8"] = "high"
     sources: dict[str, str]
 
     @model_validator(mode="after")

@@ -256,6 +256,8 @@ def _run(argv: list[str], out: io.StringIO, err: io.StringIO) -> Outcome:
             code = main(argv)
     except SystemExit as exc:  # argparse: a usage error
         code = exc.code if isinstance(exc.code, int) else 2
+    except TimeoutError:
+        raise  # the benchmark's time limit: a hang, not a traceback of gpusim's
     except Exception as exc:  # any escape is the defect being counted
         return Outcome("traceback", f"{type(exc).__name__}: {exc}"[:300])
     if code == 0:

@@ -60,3 +60,20 @@ def test_fp8_speeds_a_large_model_up_by_a_published_like_factor() -> None:
 def test_an_unknown_recipe_is_refused() -> None:
     with pytest.raises(InvalidConfig, match="unknown fp8 recipe 'int2'"):
         estimate(precision="fp8", fp8_recipe="int2", **LLAMA)
+
+
+def test_transformer_engine_keeps_the_fp8_copy_of_a_linear_input() -> None:
+    """Megatron-LM's Transformer Engine keeps a converted linear layer's input as fp8 (a
+    byte an element) for the weight gradient; torchao's float8 keeps the bf16 input."""
+    from gpusim.plan.memory import activations_by_layer
+    from gpusim.plan.parallel_job import ParallelJob
+
+    jobs = {}
+    for stack in ("pytorch", "megatron"):
+        job, _ = build_job("llama3-8b", "h100-sxm", 2, precision="fp8", seq_len=1024,
+                           num_gpus=2, stack=stack)
+        assert isinstance(job, ParallelJob)
+        jobs[stack] = activations_by_layer(job.stage_job(job.model))[0]
+    qkv = "h.0.attn.qkv"
+    assert jobs["megatron"][qkv] == jobs["pytorch"][qkv] / 2
+    assert jobs["megatron"]["h.0.attn.core"] == jobs["pytorch"]["h.0.attn.core"]

@@ -168,10 +168,15 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
     layers = job.model.layers
     precision = layer_precisions(job)
 
+    fp8_input = job.framework.fp8_saved_input == "fp8"
+
     def saved(lay: Layer) -> float:
         if isinstance(lay, (Linear, Conv2d)) and not job.trains_weights(lay):
             return 0.0  # a frozen product's input gradient needs its weight, not its input
-        return lay.saved_bytes(n, precision[lay.name].numerics)
+        num = precision[lay.name].numerics
+        if fp8_input and num.matmul == "fp8" and isinstance(lay, Linear):
+            return lay.saved_bytes(n, num) / num.act_bytes  # its fp8 copy, a byte each
+        return lay.saved_bytes(n, num)
 
     n = job.microbatch_size
     first = next((i for i, lay in enumerate(layers) if job.trains_weights(lay)), len(layers))
