@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpusim.cli import main
@@ -167,3 +169,25 @@ def test_deepseek_v3_counts_its_published_total_and_active_parameters() -> None:
     names = [la.name for la in v3.layers if la.block == "h.0" and "attn" in la.name]
     assert names[:5] == ["h.0.attn.q_down", "h.0.attn.q_norm", "h.0.attn.q_up",
                          "h.0.attn.kv_down", "h.0.attn.kv_norm"]
+
+
+@pytest.mark.parametrize(("name", "active"), [("mixtral-8x7b", 12.9e9),
+                                              ("qwen3-30b-a3b", 3.3e9),
+                                              ("deepseek-v3", 37e9)])
+def test_active_parameters_are_the_published_ones(name: str, active: float) -> None:
+    """Parameters a token computes with, as the model cards state them (Mixtral's 12.9B,
+    Qwen3's A3B with its 3.3B, DeepSeek-V3's 37B)."""
+    assert zoo.get(name).active_parameters == pytest.approx(active, rel=0.03)
+
+
+def test_a_transformer_of_experts_from_the_command_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    dims = ["--layers", "4", "--hidden", "1024", "--heads", "16", "--ffn-hidden", "512",
+            "--experts", "16", "--top-k", "4", "--mlp", "swiglu", "--vocab", "32000"]
+    assert main(["models", "show", "transformer", *dims, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    expert = 3 * 1024 * 512
+    assert info["parameters"] - info["active_parameters"] == 4 * (16 - 4) * expert
+    assert main(["estimate", "--model", "transformer", *dims, "--gpu", "h100-sxm",
+                 "--batch-size", "8", "--num-gpus", "8", "--ep", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["breakdown_s"]["expert_parallel_comm"] > 0

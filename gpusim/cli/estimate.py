@@ -64,7 +64,9 @@ def add_parsers(sub: Any) -> None:
 
 # Architecture flags of --model transformer and the TransformerConfig fields they set.
 _ARCHITECTURE = {"head_dim": "head_dim", "mlp": "activation", "norm": "norm",
-                 "position": "positions", "tie_embeddings": "tied_embeddings", "bias": "bias"}
+                 "position": "positions", "tie_embeddings": "tied_embeddings", "bias": "bias",
+                 "experts": "experts", "top_k": "top_k", "expert_ffn_hidden": "moe_ffn",
+                 "shared_ffn_hidden": "shared_ffn", "dense_layers": "dense_layers"}
 
 
 def torch_model(spec: str, args: argparse.Namespace) -> Model | None:
@@ -78,7 +80,13 @@ def torch_model(spec: str, args: argparse.Namespace) -> Model | None:
 
 
 def _model_from_args(args: argparse.Namespace) -> str | Model:
-    imported = torch_model(str(args.model), args)
+    return model_from_args(str(args.model), args)
+
+
+def model_from_args(spec: str, args: argparse.Namespace) -> str | Model:
+    """The model ``spec`` names, built when it is a PyTorch module or ``transformer`` with
+    its dimension flags; a zoo name or file as it is."""
+    imported = torch_model(spec, args)
     if imported is not None:
         return imported
     given = {name: getattr(args, name) for name in flags.DIMENSIONS
@@ -87,12 +95,12 @@ def _model_from_args(args: argparse.Namespace) -> str | Model:
         value = getattr(args, flag, None)
         if value is not None:
             given[field] = "rotary" if value == "rope" else value
-    if args.model != "transformer":
+    if spec != "transformer":
         if given:
             names = {v: k for k, v in _ARCHITECTURE.items()}
             named = ", ".join(f"--{names.get(k, k).replace('_', '-')}" for k in given)
             raise InvalidConfig(f"{named} apply only to --model transformer")
-        return str(args.model)
+        return spec
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in given]
     if missing:
         raise InvalidConfig(f"--model transformer needs {', '.join(missing)}")

@@ -164,7 +164,13 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     many.add_argument("--no-overlap-grad-reduce", action="store_true",
                       help="reduce data-parallel gradients after the backward pass, not "
                            "during it")
-    dims = e.add_argument_group("transformer dimensions (with --model transformer)")
+    add_transformer_flags(e)
+    return many
+
+
+def add_transformer_flags(p: argparse.ArgumentParser) -> None:
+    """The dimensions and flavour of --model transformer."""
+    dims = p.add_argument_group("transformer dimensions (with --model transformer)")
     for name in (*DIMENSIONS, "head_dim"):
         dims.add_argument(f"--{name.replace('_', '-')}", type=numbers.count)
     dims.add_argument("--mlp", choices=("gelu", "swiglu", "geglu"),
@@ -177,4 +183,14 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="share the token table with the output head (default: tied)")
     dims.add_argument("--bias", action=argparse.BooleanOptionalAction,
                       help="biases on the projections (default: with)")
-    return many
+    dims.add_argument("--experts", type=numbers.count,
+                      help="a mixture of experts: every block's MLP becomes this many expert "
+                           "MLPs (of --expert-ffn-hidden each), --top-k of them per token")
+    dims.add_argument("--top-k", type=numbers.count, help="experts per token (default 2)")
+    dims.add_argument("--expert-ffn-hidden", type=numbers.count,
+                      help="each expert's hidden width (default --ffn-hidden)")
+    dims.add_argument("--shared-ffn-hidden", type=numbers.count,
+                      help="shared experts' hidden width in all, run for every token "
+                           "(DeepSeek, Qwen2-MoE; default none)")
+    dims.add_argument("--dense-layers", type=numbers.count0,
+                      help="with --experts: the first blocks keep a dense MLP (DeepSeek)")

@@ -8,7 +8,7 @@ from typing import Any
 from gpusim import numbers, units
 from gpusim.cli import flags
 from gpusim.cli.console import show
-from gpusim.cli.estimate import torch_model
+from gpusim.cli.estimate import model_from_args
 from gpusim.errors import InvalidConfig, InvalidModel
 from gpusim.estimate import resolve_model
 from gpusim.tables import add_row, new_table
@@ -23,9 +23,11 @@ def add_parsers(sub: Any) -> None:
     ml = msub.add_parser("list", help="every zoo model with parameters and FLOPs")
     flags.add_json_flag(ml)
     ms = msub.add_parser("show", help="one model: layers, parameters, FLOPs, memory")
-    ms.add_argument("name", help="zoo name, model YAML file, Hugging Face config.json, or "
+    ms.add_argument("name", help="zoo name, model YAML file, Hugging Face config.json, "
+                                 "'transformer' with its dimension flags, or "
                                  "package.module:function (a PyTorch module)")
     flags.add_torch_model_flags(ms)
+    flags.add_transformer_flags(ms)
     ms.add_argument("--seq-len", type=numbers.count)
     ms.add_argument("--batch-size", type=numbers.count, default=1,
                     help="batch for the activation-memory figure (default 1)")
@@ -38,6 +40,7 @@ def _model_info(model: Model, batch: int) -> dict[str, Any]:
         "family": model.family,
         "description": model.description,
         "parameters": model.parameters,
+        "active_parameters": model.active_parameters,
         "forward_flops_per_sample": model.forward_flops_per_sample,
         "training_flops_per_sample": model.training_flops_per_sample,
         "tokens_per_sample": model.tokens_per_sample,
@@ -72,7 +75,7 @@ def _models(args: argparse.Namespace) -> int:
         return 0
     if args.batch_size <= 0:
         raise InvalidConfig(f"batch size must be positive (got {args.batch_size})")
-    model = torch_model(args.name, args) or resolve_model(args.name, args.seq_len)
+    model = resolve_model(model_from_args(args.name, args), args.seq_len)
     info = _model_info(model, args.batch_size)
     layers: list[dict[str, Any]] = [
         {"name": lay.name, "type": type(lay).__name__, "parameters": lay.params,
@@ -86,6 +89,9 @@ def _models(args: argparse.Namespace) -> int:
     print(f"{model.name}: {model.description}")
     params = model.parameters
     print(f"  parameters               {params:,} ({units.human_count(params)})")
+    if model.active_parameters != params:
+        active = model.active_parameters
+        print(f"  active a token           {active:,} ({units.human_count(active)})")
     print(f"  forward FLOPs per sample {units.human_count(info['forward_flops_per_sample'])}FLOP")
     print(f"  activations (fp32, batch {args.batch_size}) "
           f"{units.human_bytes(info['activation_bytes_fp32'])}")

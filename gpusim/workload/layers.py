@@ -47,6 +47,12 @@ class Layer(ABC):
         return 0
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token computes with (all of them but a mixture's unchosen
+        experts)."""
+        return self.params
+
+    @property
     def out_elements(self) -> int:
         """Output elements per sample (0 for a layer whose output is a scalar loss)."""
         return 0

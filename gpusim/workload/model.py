@@ -48,6 +48,11 @@ class Model:
     def parameters(self) -> int:
         return sum(layer.params for layer in self.layers)
 
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token computes with (a mixture of experts' top-k only)."""
+        return sum(layer.active_params for layer in self.layers)
+
     @cached_property
     def forward_flops_per_sample(self) -> float:
         """FLOPs of one sample's forward pass (a multiply-add counts 2)."""

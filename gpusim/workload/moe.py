@@ -56,6 +56,11 @@ class MoE(Layer):
         shared = (self._shared_up + self.shared_ffn) * self.hidden
         return router + shared + self.expert_params
 
+    @property
+    def active_params(self) -> int:
+        """The router, the shared experts and top_k experts: what one token computes with."""
+        return self.params - self.expert_params + self.top_k * (self._up + self.ffn) * self.hidden
+
     def tensor_sizes(self) -> list[int]:
         # the router, then each projection's experts stacked in one tensor (grouped GEMM)
         sizes = [self.hidden * self.experts, self.held * self._up * self.hidden,
