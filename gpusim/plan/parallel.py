@@ -250,10 +250,27 @@ def _host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
     return out
 
 
-def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
-    """The layers of every virtual stage (PP x virtual stages of them), sharded for TP."""
+def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
+                  ) -> list[tuple[Layer, ...]]:
+    """The layers of every virtual stage (PP x virtual stages of them), sharded for TP.
+    Each layer is sharded once per split of it (``cache``), whatever the pipeline."""
     p = job.parallel
-    lead, body, tail = job.model.partition()
+    cache = {} if cache is None else cache
+    key = ("sharded", p.tensor, p.expert_tensor, p.sequence_parallel, p.context, p.expert,
+           p.pipeline > 1)
+    if key not in cache:
+        lead, body, tail = job.model.partition()
+        if p.pipeline > 1:
+            # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
+            tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
+
+        def shard(layers: list[Layer]) -> list[Layer]:
+            return [hold_experts(split_sequence(shard_layer(
+                fold_experts(la, p.tensor, p.expert_tensor), p.tensor, p.sequence_parallel),
+                p.context), p.expert) for la in layers]
+
+        cache[key] = (shard(lead), [shard(block) for block in body], shard(tail))
+    lead, body, tail = cache[key]
     count = p.pipeline * p.virtual_stages
     per = len(body) // count if count > 1 else len(body)
     sizes = list(p.stage_blocks) or [per] * count
@@ -263,13 +280,8 @@ def _chunk_layers(job: ParallelJob) -> list[tuple[Layer, ...]]:
         blocks = body[starts[c]:starts[c] + sizes[c]] if count > 1 else body
         chunks.append([layer for block in blocks for layer in block])
     chunks[0] = lead + chunks[0]
-    if p.pipeline > 1:
-        # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
-        tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
     chunks[-1] = chunks[-1] + tail
-    return [tuple(hold_experts(split_sequence(shard_layer(
-        fold_experts(la, p.tensor, p.expert_tensor), p.tensor, p.sequence_parallel),
-        p.context), p.expert) for la in c) for c in chunks]
+    return [tuple(c) for c in chunks]
 
 
 def _split(job: ParallelJob, cache: dict[Any, Any]
@@ -281,7 +293,7 @@ def _split(job: ParallelJob, cache: dict[Any, Any]
     key = ("split", p.tensor, p.sequence_parallel, p.context, p.expert, p.pipeline,
            p.virtual_stages, p.stage_blocks)
     if key not in cache:
-        chunks = _chunk_layers(job)
+        chunks = _chunk_layers(job, cache)
         ids: dict[Layer, int] = cache.setdefault(("layer ids",), {})
         signatures = [tuple(ids.setdefault(replace(la, name="", block=""), len(ids))
                             for la in layers) for layers in chunks]

@@ -87,7 +87,13 @@ class Model:
     def partition(self) -> tuple[list[Layer], list[list[Layer]], list[Layer]]:
         """Leading layers (embeddings, a stem), the repeated body blocks in order, trailing
         layers (final norm, head, loss)."""
-        layers = list(self.layers)
+        lead, body, tail = self._parts
+        return list(lead), [list(block) for block in body], list(tail)
+
+    @cached_property
+    def _parts(self) -> tuple[tuple[Layer, ...], tuple[tuple[Layer, ...], ...],
+                              tuple[Layer, ...]]:
+        layers = self.layers
         start = 0
         while start < len(layers) and layers[start].block in LEAD_BLOCKS:
             start += 1
@@ -97,4 +103,4 @@ class Model:
         blocks: dict[str, list[Layer]] = {}
         for layer in layers[start:end]:
             blocks.setdefault(layer.block, []).append(layer)
-        return layers[:start], list(blocks.values()), layers[end:]
+        return layers[:start], tuple(tuple(b) for b in blocks.values()), layers[end:]
