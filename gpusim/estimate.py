@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Literal
 
-from gpusim import units
+from gpusim import paths, units
 from gpusim.assumptions import (
     OFFLOAD_TEXT,
     attention_unmeasured,
@@ -56,7 +55,7 @@ def resolve_model(model: str | Model, seq_len: int | None = None) -> Model:
     (returned as is)."""
     if isinstance(model, Model):
         return model
-    if model.endswith((".yaml", ".yml", ".json")) or Path(model).is_file():
+    if model.endswith((".yaml", ".yml", ".json")) or paths.names_a_file(model):
         return formats.load_model_file(model, seq_len)
     return zoo.get(model, seq_len)
 

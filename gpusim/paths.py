@@ -29,3 +29,12 @@ def output_file(*suffixes: str) -> Callable[[str], str]:
 
 figure = output_file(*FIGURES)
 trace = output_file(".json")
+
+
+def names_a_file(text: str) -> bool:
+    """Whether ``text`` is the path of an existing file; False for what no file system takes
+    (a name over 255 bytes, a NUL) rather than an OSError."""
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False

@@ -318,3 +318,21 @@ def test_an_input_bound_step_says_so(workers: str, bound: bool,
     assert ("input-bound" in out) is bound
     if bound:
         assert "--loader-workers" in out.split("input-bound", 1)[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "--model", "a" * 300, "--gpu", "h100-sxm", "--batch-size", "8"],
+    ["estimate", "--model", "a" * 300 + ":build", "--gpu", "h100-sxm", "--batch-size", "8",
+     "--input-shape", "8,4"],
+    ["models", "show", "b" * 300],
+    ["validate", "--device", ""],
+    ["estimate", "--model", "gpt2", "--gpu", "h100-sxm", "--batch-size", "8",
+     "--input-shape", "8,4"],
+])
+def test_names_no_file_system_takes_are_one_line_errors(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A name over 255 bytes made pathlib raise OSError; an empty --device meant every
+    device."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpusim: error:") and err.count("\n") == 1

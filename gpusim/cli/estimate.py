@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from gpusim import numbers, paths
@@ -72,7 +71,7 @@ _ARCHITECTURE = {"head_dim": "head_dim", "mlp": "activation", "norm": "norm",
 def torch_model(spec: str, args: argparse.Namespace) -> Model | None:
     """The PyTorch module ``spec`` names (package.module:function), or None when it names
     a zoo model or a file."""
-    if ":" not in spec or Path(spec).exists() or spec.endswith((".yaml", ".yml", ".json")):
+    if ":" not in spec or paths.names_a_file(spec) or spec.endswith((".yaml", ".yml", ".json")):
         if getattr(args, "input_shape", None):
             raise InvalidConfig("--input-shape goes with --model package.module:function")
         return None

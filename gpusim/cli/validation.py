@@ -9,7 +9,7 @@ from typing import Any
 from gpusim import numbers, paths
 from gpusim.calibrate import fit
 from gpusim.cli.console import show
-from gpusim.errors import MissingDependency
+from gpusim.errors import InvalidConfig, MissingDependency
 from gpusim.hardware.calibration import load_calibration_file
 from gpusim.tables import add_row, new_table
 from gpusim.validate.compare import cross_device_ranking, run_spread, validate_all
@@ -127,6 +127,8 @@ def _clean(value: Any) -> Any:
 
 
 def validate(args: argparse.Namespace) -> int:
+    if args.device is not None and not args.device.strip():
+        raise InvalidConfig("--device needs a profile name (leave it out for every device)")
     cal = load_calibration_file(args.calibration) if args.calibration else None
     reports = validate_all(args.measurements, args.device, cal, runs=args.runs)
     if args.plot:

@@ -413,7 +413,7 @@ def load_torch_model(spec: str, input_shape: Sequence[int] | None, *,
         sys.path.insert(0, str(Path.cwd()))  # the user's own package, where they run it
     try:
         build = getattr(importlib.import_module(where), attr)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # ImportError, AttributeError, or a module's own failure
         raise InvalidModel(f"cannot import {spec}: {exc}") from exc
     try:
         with torch.device("meta"):
