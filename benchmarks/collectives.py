@@ -189,7 +189,9 @@ def all_to_all_group(row: dict[str, Any], system: SystemProfile) -> CommGroup:
         row["num_gpus"], stride=stride
     )
     if (group.num_nodes, group.ranks_per_node) != (nodes, per_node):
-        raise ValueError(f"{row['id']}: placed on {group.num_nodes} nodes of {group.ranks_per_node}")
+        raise ValueError(
+            f"{row['id']}: placed on {group.num_nodes} nodes of {group.ranks_per_node}"
+        )
     return group
 
 
