@@ -291,6 +291,27 @@ def test_search_costs_each_configuration_as_a_fresh_plan_does() -> None:
     assert checked == {0: 3, 3: 3}
 
 
+def test_a_split_set_aside_for_a_smaller_microbatch_does_not_fit() -> None:
+    """Search skips a split at a larger microbatch once a smaller one did not fit: planned
+    afresh, each skipped one is out of memory too."""
+    from gpusim.errors import OutOfMemory
+    from gpusim.explore.search import search
+    from gpusim.plan.remedies import check_fits_parallel
+
+    model, gpu = zoo.get("qwen2.5-0.5b"), load_gpu("rtx-2070")
+    topo = Topology.build(system_for_gpu(gpu)[0], 16, gpu)
+    result = search(model, topo, 256, precision="fp16", top=1)
+    skipped = [c for c, why in result.rejected if "of this split does not either" in why]
+    assert len(skipped) >= 5
+    options = {f"{c.describe()}, recompute {r}": (c, r) for c, r in candidates(model, topo, 256)}
+    for label in skipped[:: max(1, len(skipped) // 5)]:
+        config, rec = options[label]
+        job = ParallelJob(model, topo, 256, config, "fp16", "adam", rec)
+        plan = plan_parallel(job)
+        with pytest.raises(OutOfMemory):
+            check_fits_parallel(job, [stage_memory(plan, st) for st in plan.stages])
+
+
 def test_search_command_prints_a_ranked_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["search", "--model", "gpt2", "--system", "dgx-h100", "--num-gpus", "8",
                  "--batch-size", "32", "--top", "3", "--json"]) == 0

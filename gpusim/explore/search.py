@@ -16,11 +16,11 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gpusim.comm.topology import Topology
-from gpusim.errors import GpusimError
+from gpusim.errors import GpusimError, OutOfMemory
 from gpusim.estimate import mfu_peak, simulate_parallel_step
 from gpusim.plan.job import (
     AUTO_PRECISION,
@@ -223,6 +223,11 @@ def search(model: Model, topology: Topology, batch: int, *,
     # the later ones can only be slower.
     fitted: set[ParallelConfig] = set()
     dominated = 0
+    # Memory does not shrink as the microbatch grows (activations and buffers grow with it;
+    # what a pipeline holds in flight, microbatch x min(stages, microbatches), too), and the
+    # microbatches come smallest first: a split that does not fit at one microbatch is not
+    # planned again at a larger one.
+    too_big: dict[tuple[Any, ...], int] = {}
     for i, (config, rec) in enumerate(options):
         if progress:
             progress(i, len(options))
@@ -230,6 +235,11 @@ def search(model: Model, topology: Topology, batch: int, *,
             dominated += 1
             continue
         label = f"{config.describe()}, recompute {rec}"
+        split = (replace(config, microbatch_size=1), rec)
+        if split in too_big:
+            rejected.append((label, f"does not fit: microbatch {too_big[split]} of this "
+                                    f"split does not either"))
+            continue
         try:
             job = ParallelJob(model, topology, batch, config, chosen, optimizer, rec,
                               loader_workers=loader_workers)
@@ -237,6 +247,10 @@ def search(model: Model, topology: Topology, batch: int, *,
             edges = {0, len(plan.stages) - 1}  # the first stage keeps most activations
             mems = [stage_memory(plan, plan.stages[s]) for s in sorted(edges)]
             check_fits_parallel(job, mems)
+        except OutOfMemory as exc:
+            too_big[split] = config.microbatch_size
+            rejected.append((label, exc.summary.split(";")[0]))
+            continue
         except GpusimError as exc:
             rejected.append((label, exc.summary.split(";")[0]))
             continue
