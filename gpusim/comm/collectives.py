@@ -17,6 +17,7 @@ figures and bandwidths its large-message ones, right at both ends and optimistic
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Literal, get_args
@@ -258,13 +259,15 @@ def fastest_algorithm(
     return best, times[best]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def collective_seconds(
     collective: Collective,
     group: CommGroup,
     n_bytes: float,
     tuning: CollectiveTuning = DEFAULT_TUNING,
 ) -> float:
-    """Seconds of ``collective`` on ``n_bytes`` over ``group``, fastest algorithm."""
+    """Seconds of ``collective`` on ``n_bytes`` over ``group``, fastest algorithm (kept for
+    the next call with the same size and group: a search asks again and again)."""
     return fastest_algorithm(collective, group, n_bytes, tuning)[1]
 
 

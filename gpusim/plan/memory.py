@@ -222,8 +222,9 @@ def _loss_transient(layer: CrossEntropy, job: TrainingJob, num: Numerics) -> flo
     return layer.transient_bytes(job.microbatch_size, num)
 
 
-def memory_plan(job: TrainingJob) -> MemoryPlan:
-    """The peak memory of ``job`` by category (raises nothing; ``remedies.check_fits`` does)."""
+def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> MemoryPlan:
+    """The peak memory of ``job`` by category (raises nothing; ``remedies.check_fits`` does).
+    ``split`` is its activation_split when the caller has it already."""
     layers = job.model.layers
     num = job.numerics()
     n = job.microbatch_size
@@ -241,7 +242,7 @@ def memory_plan(job: TrainingJob) -> MemoryPlan:
                      if not isinstance(lay, CrossEntropy)), default=0.0)
     loss_transient = max((_loss_transient(lay, job, precision[lay.name].numerics)
                           for lay in layers if isinstance(lay, CrossEntropy)), default=0.0)
-    kept, working = activation_split(job)
+    kept, working = split or activation_split(job)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
     # PyTorch's foreach Adam on a GPU computes sqrt(v) for every parameter at once before
     # its in-place update (torch/optim/adam.py, _multi_tensor_adam: exp_avg_sq_sqrt); the

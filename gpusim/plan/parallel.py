@@ -295,8 +295,18 @@ def _split(job: ParallelJob, cache: dict[Any, Any]
     if key not in cache:
         chunks = _chunk_layers(job, cache)
         ids: dict[Layer, int] = cache.setdefault(("layer ids",), {})
-        signatures = [tuple(ids.setdefault(replace(la, name="", block=""), len(ids))
-                            for la in layers) for layers in chunks]
+        # The sharded layers are the same objects in every split of one sharding (see
+        # _chunk_layers), so each is named-off and interned once.
+        by_object: dict[int, tuple[Layer, int]] = cache.setdefault(("layer id of",), {})
+
+        def number(la: Layer) -> int:
+            found = by_object.get(id(la))
+            if found is None or found[0] is not la:
+                found = (la, ids.setdefault(replace(la, name="", block=""), len(ids)))
+                by_object[id(la)] = found
+            return found[1]
+
+        signatures = [tuple(number(la) for la in layers) for layers in chunks]
         cache[key] = (chunks, signatures)
     found: tuple[list[tuple[Layer, ...]], list[tuple[int, ...]]] = cache[key]
     return found
@@ -465,7 +475,8 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
                 job.model.family, job.model.tokens_per_sample)
     cache = plan.cache if plan.cache is not None and stage.key is not None else {}
     found: MemoryPlan | None = cache.get(("memory", stage.key, stage.stage == 0))
-    base = found or memory_plan(job.stage_job(sub, first=stage.stage == 0))
+    # Its activations are replaced below, from the chunks' own.
+    base = found or memory_plan(job.stage_job(sub, first=stage.stage == 0), (0.0, 0.0))
     cache[("memory", stage.key, stage.stage == 0)] = base
     tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
     shard = cache.get(("shard", stage.key, p)) or zero_shard(p, layers)  # see plan_parallel
