@@ -68,8 +68,27 @@ def numerics(precision: str, device: DeviceProfile) -> Numerics:
     return Numerics(precision, precision, precision)
 
 
+# What a case measured, which never changes the ops it runs.
+_MEASURED = frozenset({"median_s", "p10_s", "p90_s", "repeats", "inner", "id", "chosen"})
+_OPS: dict[tuple[Any, ...], tuple[DeviceProfile, list[Op]]] = {}
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
 def case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
-    """The ops a compute or memory case runs (empty for dispatch, launch and host copies)."""
+    """The ops a compute or memory case runs (empty for dispatch, launch and host copies),
+    built once per case shape and device object (a fit predicts each case thousands of
+    times)."""
+    key = (id(device), *sorted((k, _frozen(v)) for k, v in case.items() if k not in _MEASURED))
+    found = _OPS.get(key)
+    if found is None or found[0] is not device:
+        found = _OPS[key] = (device, _case_ops(case, device))
+    return list(found[1])
+
+
+def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
     kind = case["kind"]
     if kind == "gemm":
         p = case["precision"]
