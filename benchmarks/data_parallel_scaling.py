@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,10 @@ from dev_cases import DEFAULT, GPUS, PRECISIONS, SYSTEMS
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
-from gpusim.estimate import resolve_model, simulate_parallel_step
+from gpusim.estimate import replace_layers, resolve_model, simulate_parallel_step
 from gpusim.hardware.catalog import load_gpu, load_system
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.workload.layers import Conv2d
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ def _predict(row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[float | N
         return None, str(exc)
     if name.startswith("ResNet-50"):
         model, per_gpu, post_accumulation = resolve_model("resnet50"), micro, False
+        if str(row["parallelism"].get("memory_format") or "").startswith("nhwc"):
+            # DLE's AMP recipes train channels-last (--memory-format nhwc)
+            model = replace_layers(model, lambda la: replace(la, channels_last=True)
+                                   if isinstance(la, Conv2d) else la)
     elif name == "BERT-large":
         model = resolve_model("bert-large", row["model"]["seq_len"])
         per_gpu = _accumulated(row, rows) or micro

@@ -42,7 +42,9 @@ def _case(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
                             "loader_workers": 0, "steps": 1}
     micro = int(par["batch_per_gpu"])
     if model.startswith("ResNet-50"):
-        args.update(model="resnet50", batch_size=micro)
+        # DLE's AMP recipes train channels-last (--memory-format nhwc), the others NCHW.
+        args.update(model="resnet50", batch_size=micro,
+                    channels_last=str(par.get("memory_format") or "").startswith("nhwc"))
     elif model == "BERT-large":
         total = int(par.get("accumulated_batch_per_gpu") or micro)
         seq = row["model"].get("seq_len") or (SQUAD_SEQ_LEN if "squad" in row["id"] else None)

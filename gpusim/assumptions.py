@@ -126,9 +126,13 @@ def single_assumptions(job: TrainingJob) -> list[str]:
                    "last")
     out.append("PyTorch eager execution, one kernel per op, no CUDA graphs; a host "
                "synchronize at the end of each step")
-    if job.device.is_gpu and any(isinstance(la, Conv2d) for la in job.model.layers):
+    convs = [la for la in job.model.layers if isinstance(la, Conv2d)]
+    if job.device.is_gpu and convs and not all(la.channels_last for la in convs):
         out.append("tensors in PyTorch's default NCHW layout: cuDNN transposes them for its "
-                   "tensor-core convolutions (channels-last training skips that)")
+                   "tensor-core convolutions (--channels-last skips that)")
+    elif job.device.is_gpu and convs:
+        out.append("tensors channels-last (NHWC), as cuDNN's tensor-core convolutions take "
+                   "them: no transposes")
     if autocasts(job):
         out.append("autocast: norms, softmax and a transformer's residual stream stay fp32; "
                    "each fp32 weight is cast once per forward")

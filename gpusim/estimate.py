@@ -44,7 +44,7 @@ from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.sim.ranks import Straggler
 from gpusim.stack import Stack, apply_stack, load_stack
 from gpusim.workload import formats, zoo
-from gpusim.workload.layers import Conv2d
+from gpusim.workload.layers import Conv2d, Layer
 from gpusim.workload.lora import LORA_SUFFIX, add_lora, parse_targets
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics
@@ -275,6 +275,7 @@ def build_job(
     lora_rank: int = 8,
     lora_targets: str | tuple[str, ...] = ("q", "v"),
     lora_dropout: bool = False,
+    channels_last: bool = False,
 ) -> tuple[Job, bool]:
     """The job ``estimate`` runs (arguments as there), and whether its system was assumed
     (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
@@ -282,9 +283,14 @@ def build_job(
     microbatch that fits and divides each replica's share of the batch. ``stack`` (a name,
     a YAML file or a Stack; default ``pytorch``) says how the framework writes the layers;
     ``attention`` (auto, flash2, cudnn, efficient, math) replaces its attention kernel;
-    ``fp8_recipe`` says how fp8 training scales its tensors (``precision`` fp8)."""
+    ``fp8_recipe`` says how fp8 training scales its tensors (``precision`` fp8);
+    ``channels_last`` holds a CNN's tensors channels-last (no transposes around cuDNN's
+    tensor-core convolutions)."""
     framework = load_stack(stack).with_attention(attention)
     net = apply_stack(resolve_model(model, seq_len), framework)
+    if channels_last:
+        net = replace_layers(net, lambda la: replace(la, channels_last=True)
+                             if isinstance(la, Conv2d) else la)
     if finetune not in FINETUNES:
         raise InvalidConfig(f"unknown fine-tuning {finetune!r}; use one of "
                             f"{', '.join(FINETUNES)}")
@@ -331,6 +337,11 @@ def build_job(
 
         pjob = with_micro(largest_fitting_divisor(share, with_micro))
     return pjob, assumed
+
+
+def replace_layers(model: Model, change: Callable[[Layer], Layer]) -> Model:
+    """``model`` with each layer replaced by ``change(layer)``."""
+    return replace(model, layers=tuple(change(la) for la in model.layers))
 
 
 def _precision(precision: str, device: DeviceProfile) -> TrainingPrecision:
@@ -406,6 +417,7 @@ def estimate(
     lora_rank: int = 8,
     lora_targets: str | tuple[str, ...] = ("q", "v"),
     lora_dropout: bool = False,
+    channels_last: bool = False,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``cp`` x ``pp`` x ``dp`` (see
@@ -432,7 +444,8 @@ def estimate(
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
         stack=stack, attention=attention, fp8_recipe=fp8_recipe, offload=offload,
         finetune=finetune,
-        lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout)
+        lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
+        channels_last=channels_last)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
     if isinstance(job, ParallelJob):

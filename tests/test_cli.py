@@ -336,3 +336,20 @@ def test_names_no_file_system_takes_are_one_line_errors(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpusim: error:") and err.count("\n") == 1
+
+
+def test_channels_last_drops_the_transposes_around_convolutions(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gpusim.estimate import build_job
+    from gpusim.plan.lower import microbatch_ops
+
+    ops = {}
+    for last in (False, True):
+        job, _ = build_job("resnet50", "h100-sxm", 32, precision="bf16", channels_last=last)
+        ops[last] = [op.name for op in microbatch_ops(job)]
+    assert any(name.endswith("to_nhwc") for name in ops[False])
+    assert not any("nhwc" in name for name in ops[True])
+    assert main(["estimate", "--model", "resnet50", "--gpu", "h100-sxm", "--batch-size", "32",
+                 "--channels-last", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert any("channels-last (NHWC)" in a for a in data["assumptions"])

@@ -118,6 +118,10 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="hold the model in bf16: weights, gradients and optimizer states, "
                            "no fp32 copies (torchtune, LitGPT bf16-true); needs --precision "
                            "bf16")
+    tech.add_argument("--channels-last", action="store_true",
+                      help="a CNN's tensors channels-last (model.to(memory_format="
+                           "torch.channels_last)): no transposes around cuDNN's tensor-core "
+                           "convolutions")
     tech.add_argument("--freeze", default="",
                       help="comma-separated layer-name prefixes to freeze (e.g. embed,h.0)")
     add_loader_flag(tech)

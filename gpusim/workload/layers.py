@@ -162,6 +162,9 @@ class Conv2d(Layer):
     padding: int = 0
     groups: int = 1
     bias: bool = False
+    # Tensors held channels-last (model.to(memory_format=torch.channels_last)), as cuDNN's
+    # tensor-core kernels want them: no transposes around the convolution.
+    channels_last: bool = False
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -198,7 +201,7 @@ class Conv2d(Layer):
         an H100 (fp32 with TF32, and bf16) moved about two activation-sized transposes per
         convolution: its input in forward, its output gradient in backward (the other
         transpose kernels it ran move weights, which are small)."""
-        if num.conv not in TENSOR_CORE_MATH:
+        if num.conv not in TENSOR_CORE_MATH or self.channels_last:
             return []
         return [memory_op(name, elements, elements, num.act_bytes)]
 
