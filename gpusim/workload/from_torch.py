@@ -19,7 +19,7 @@ import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -204,35 +204,28 @@ class _Recorder:
         self.add(_with_params(layer, params))
 
     def _layer_norm(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        weight = args[2] if len(args) > 2 else kwargs.get("weight")
-        bias = args[3] if len(args) > 3 else kwargs.get("bias")
-        self._add_norm("layer_norm", args, kwargs, weight, bias)
+        self._add_norm("layer_norm", args, kwargs, _arg(args, kwargs, 2, "weight"),
+                       _arg(args, kwargs, 3, "bias"))
 
     def _rms_norm(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        weight = args[2] if len(args) > 2 else kwargs.get("weight")
-        self._add_norm("rms_norm", args, kwargs, weight, None)
+        self._add_norm("rms_norm", args, kwargs, _arg(args, kwargs, 2, "weight"), None)
+
+    def _channel_norm(self, kind: str, x: Any, weight: Any, bias: Any) -> None:
+        """Batch or group norm: statistics over each channel's (or group's) elements."""
+        name = self.name(kind)
+        for param in (weight, bias):
+            self.owner(param, name)
+        layer = batch_norm(name, int(x.shape[1]), self.per_sample(x), block=self.block())
+        params = sum(int(p.numel()) for p in (weight, bias) if p is not None)
+        self.add(_with_params(layer, params))
 
     def _batch_norm(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        x = args[0]
-        weight = args[3] if len(args) > 3 else kwargs.get("weight")
-        bias = args[4] if len(args) > 4 else kwargs.get("bias")
-        name = self.name("batch_norm")
-        for param in (weight, bias):
-            self.owner(param, name)
-        layer = batch_norm(name, int(x.shape[1]), self.per_sample(x), block=self.block())
-        params = sum(int(p.numel()) for p in (weight, bias) if p is not None)
-        self.add(_with_params(layer, params))
+        self._channel_norm("batch_norm", args[0], _arg(args, kwargs, 3, "weight"),
+                           _arg(args, kwargs, 4, "bias"))
 
     def _group_norm(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        x = args[0]
-        weight = args[2] if len(args) > 2 else kwargs.get("weight")
-        bias = args[3] if len(args) > 3 else kwargs.get("bias")
-        name = self.name("group_norm")
-        for param in (weight, bias):
-            self.owner(param, name)
-        layer = batch_norm(name, int(x.shape[1]), self.per_sample(x), block=self.block())
-        params = sum(int(p.numel()) for p in (weight, bias) if p is not None)
-        self.add(_with_params(layer, params))
+        self._channel_norm("group_norm", args[0], _arg(args, kwargs, 2, "weight"),
+                           _arg(args, kwargs, 3, "bias"))
 
     def _scaled_dot_product_attention(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                                       out: Any) -> None:
@@ -293,10 +286,14 @@ class _Recorder:
                                  op="mul" if "mul" in fname else fname.strip("_")))
 
 
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, key: str,
+         default: Any = None) -> Any:
+    """A torch function's argument, given by position or by name."""
+    return args[index] if len(args) > index else kwargs.get(key, default)
+
+
 def _with_params(layer: Elementwise, params: int) -> Elementwise:
     """A norm with the parameters the module really has (affine or not)."""
-    from dataclasses import replace
-
     return replace(layer, param_count=params)
 
 
