@@ -109,3 +109,20 @@ def test_every_published_row_names_its_source(path: Path) -> None:
         assert source.get("where"), source
     ids = {s["id"] for s in data["sources"]}
     assert all(row["source"] in ids for row in data["rows"])
+
+
+def test_published_convolutions_become_cases_pass_by_pass() -> None:
+    """DeepBench's V100 layers: fp16 NHWC rows become conv cases timed pass by pass (no
+    transposes: channels-last); its 'fp32' rows, which ran on tensor cores, do not."""
+    from gpusim.calibrate.micro_ops import case_ops
+
+    data, skipped = published.convert_file(
+        results.measurements_dir() / "published" / "v100-sxm2-16gb" / "transcribed.yaml")
+    convs = [c for c in data["cases"] if c["kind"] == "conv"]
+    assert convs and all(c["layout"] == "nhwc" and c["precision"] == "fp16" for c in convs)
+    assert {c["pass"] for c in convs} == {"forward", "backward_data", "backward_filter"}
+    assert any("tensor cores" in s.why for s in skipped)
+    gpu = load_gpu("v100-sxm2-16gb")
+    for case in convs[:3]:
+        names = [op.name for op in case_ops(case, gpu)]
+        assert len(names) == 1 and not names[0].endswith("to_nhwc")

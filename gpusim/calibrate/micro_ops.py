@@ -99,10 +99,12 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         num = numerics(case["precision"], device)
         layer = Conv2d(case["id"], case["in_channels"], case["out_channels"], case["kernel"],
                        case["height"], case["width"], case["stride"], case["padding"],
-                       bias=bool(case["bias"]))
+                       bias=bool(case["bias"]), channels_last=case.get("layout") == "nhwc")
         n = case["batch"]
-        if case["pass"] == "forward":
-            return layer.forward(n, num)
+        passes = {"forward": layer.forward, "backward_data": layer.backward_input,
+                  "backward_filter": layer.backward_weight}
+        if case["pass"] in passes:
+            return passes[case["pass"]](n, num)
         return layer.backward_input(n, num) + layer.backward_weight(n, num)
     if kind == "linear":
         num = numerics(case["precision"], device)

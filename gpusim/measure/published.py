@@ -45,6 +45,11 @@ PASS_FORWARDS = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
 # as their sources name them, and each PyTorch implementation as the micro suite's row
 # kernel that runs the same ops: (op, the zoo layer's upcast).
 ROW_KERNELS_FILE = "row-kernels.yaml"
+# Published convolution layers, shared by devices, and the profile each source's GPU is:
+# DeepBench's "NVIDIA V100" in a DGX-1 (memory size not stated) is filed with its other V100
+# figures, under the 16 GB profile.
+CONVS_FILE = "conv_rows.yaml"
+CONV_GPUS = {"v100-sxm2": "v100-sxm2-16gb"}
 ROW_KERNEL_GPUS = {"NVIDIA A100-SXM4-80GB": "a100-80gb", "NVIDIA A100-SXM4-40GB": "a100-40gb",
                    "NVIDIA H100 80GB HBM3": "h100-sxm"}
 ROW_KERNEL_IMPLS = {("layer_norm", "torch.nn.LayerNorm"): ("layer_norm", ""),
@@ -124,6 +129,29 @@ def _case(row: dict[str, Any], source: dict[str, Any]) -> dict[str, Any] | str:
     return f"no micro case of kind {kind!r}"
 
 
+def _conv_case(row: dict[str, Any]) -> dict[str, Any] | str:
+    """The micro case of one published convolution layer, or why it has none."""
+    if row["precision"] == "fp32":
+        return ("its source ran these 'fp32' convolutions on tensor cores (faster than the "
+                "fp32 peak): neither fp32 nor tf32 data")
+    if row["r"] != row["s"] or row.get("groups", 1) != 1 or row.get("dilation", 1) != 1:
+        return "a non-square, grouped or dilated filter (gpusim's convolution is square)"
+    if not isinstance(row["stride"], int) or not isinstance(row["pad"], int):
+        return "different strides or padding across height and width"
+    if "pads C and K" in row.get("note", ""):
+        return "its channels were padded to a multiple of 8 before timing"
+    shape = (f"{row['n']}x{row['c']}x{row['h']}x{row['w']}x{row['k']}x{row['r']}"
+             f"s{row['stride']}p{row['pad']}")
+    return {"id": f"published/{row['source']}/conv/{row['precision']}/{row['layout']}/{shape}/"
+                  f"{row['pass']}",
+            "kind": "conv", "precision": row["precision"], "batch": row["n"],
+            "in_channels": row["c"], "out_channels": row["k"], "kernel": row["r"],
+            "height": row["h"], "width": row["w"], "stride": row["stride"],
+            "padding": row["pad"], "bias": 0, "layout": row["layout"], "pass": row["pass"],
+            "source": row["source"], "timed": "kernel", "repeats": None, "inner": None,
+            "median_s": row["value"] / 1e3 if row["unit"] == "ms" else row["value"]}
+
+
 def _row_kernel_case(row: dict[str, Any]) -> dict[str, Any] | str:
     impl = next((v for (op, prefix), v in ROW_KERNEL_IMPLS.items()
                  if row["op"] == op and row["impl"].startswith(prefix)), None)
@@ -153,16 +181,28 @@ def row_kernel_rows(device: str, row_kernels: dict[str, Any]
     return [s for s in row_kernels.get("sources", []) if s["id"] in cited], rows
 
 
+def shared_rows(device: str, shared: dict[str, Any], devices: dict[str, str]
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(sources, rows) of a shared file whose rows ran on ``device`` (``devices`` maps the
+    file's device names to profiles)."""
+    rows = [r for r in shared.get("rows", []) if devices.get(r["device"]) == device]
+    cited = {r["source"] for r in rows}
+    return [s for s in shared.get("sources", []) if s["id"] in cited], rows
+
+
 def convert(transcribed: dict[str, Any], origin: str,
-            row_kernels: dict[str, Any] | None = None
+            row_kernels: dict[str, Any] | None = None, convs: dict[str, Any] | None = None
             ) -> tuple[dict[str, Any], list[Skipped]]:
     """(micro-suite data, rows not converted and why) of one device's transcription, with
-    the rows of ``row_kernels`` (the shared row-kernel file) that ran on the same device."""
+    the rows of ``row_kernels`` and ``convs`` (the shared row-kernel and convolution files)
+    that ran on the same device."""
     sources = {s["id"]: s for s in transcribed.get("sources", [])}
     cases, skipped = [], []
     extra_sources, extra_rows = row_kernel_rows(transcribed["device"], row_kernels or {})
-    for row in extra_rows:
-        case = _row_kernel_case(row)
+    conv_sources, conv_rows = shared_rows(transcribed["device"], convs or {}, CONV_GPUS)
+    extra_sources += conv_sources
+    for row in [*extra_rows, *conv_rows]:
+        case = _conv_case(row) if "pass" in row and "r" in row else _row_kernel_case(row)
         if isinstance(case, str):
             skipped.append(Skipped(row, case))
         else:
@@ -195,9 +235,10 @@ def convert(transcribed: dict[str, Any], origin: str,
 def convert_file(path: str | Path) -> tuple[dict[str, Any], list[Skipped]]:
     """A device's transcribed.yaml converted, with the shared row-kernel file's rows."""
     path = Path(path)
-    shared = path.parent.parent / ROW_KERNELS_FILE
+    shared, convs = path.parent.parent / ROW_KERNELS_FILE, path.parent.parent / CONVS_FILE
     return convert(read_yaml(path), results.display_path(path),
-                   read_yaml(shared) if shared.exists() else None)
+                   read_yaml(shared) if shared.exists() else None,
+                   read_yaml(convs) if convs.exists() else None)
 
 
 def write_beside(path: str | Path) -> tuple[Path, list[Skipped]]:
