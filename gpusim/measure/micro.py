@@ -242,13 +242,15 @@ def time_forward_backward(forward: Callable[[], Any], leaves: list[torch.Tensor]
 
 
 def time_conv(shape: dict[str, int], precision: str, device: torch.device,
-              repeats: int) -> dict[str, Timing]:
-    """Forward, and backward producing both the input and the weight gradient."""
+              repeats: int, channels_last: bool = False) -> dict[str, Timing]:
+    """Forward, and backward producing both the input and the weight gradient; with
+    ``channels_last``, module and input held NHWC (memory_format=torch.channels_last)."""
     conv = torch.nn.Conv2d(shape["in_channels"], shape["out_channels"], shape["kernel"],
                            shape["stride"], shape["padding"], bias=bool(shape["bias"]))
-    conv = conv.to(device)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    conv = conv.to(device).to(memory_format=layout)  # type: ignore[call-overload]
     x = torch.randn(shape["batch"], shape["in_channels"], shape["height"], shape["width"],
-                    device=device, requires_grad=True)
+                    device=device).contiguous(memory_format=layout).requires_grad_()
     ctx = (torch.autocast(device.type, dtype=TORCH_DTYPES[precision])
            if precision in ("fp16", "bf16") else None)
 

@@ -102,6 +102,12 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
                                                     "kernel", "height", "stride"))
             yield ({"id": f"conv/{prec}/{key}", "kind": "conv", "precision": prec, **shape},
                    lambda r, s=shape, p=prec: micro.time_conv(s, p, device, r))
+            if device.type == "cuda" and prec == "bf16":
+                # The same convolution channels-last: cuDNN's tensor-core kernels without
+                # the transposes NCHW pays, so a fit tells the two apart.
+                yield ({"id": f"conv/{prec}/nhwc/{key}", "kind": "conv", "precision": prec,
+                        "layout": "nhwc", **shape},
+                       lambda r, s=shape, p=prec: micro.time_conv(s, p, device, r, True))
     att_precisions = ("bf16",) if device.type == "cuda" else ("fp32", "bf16")
     for prec in att_precisions:
         for shape in micro.attention_shapes(lim.attention_batch)[: 1 if quick else None]:
