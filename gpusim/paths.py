@@ -4,6 +4,7 @@ exist, onto a folder, or with a type nothing writes would otherwise fail only at
 from __future__ import annotations
 
 import argparse
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,3 +39,20 @@ def names_a_file(text: str) -> bool:
         return Path(text).is_file()
     except (OSError, ValueError):
         return False
+
+
+def check_regular_file(path: Path, largest: int, error: type[Exception],
+                       what: str = "file") -> None:
+    """Raise ``error`` unless ``path`` is a regular file of at most ``largest`` bytes: a
+    folder, a FIFO or a device would otherwise fail late, block or never end. ``what``
+    names the kind of file no larger one is."""
+    try:
+        info = path.stat()
+    except FileNotFoundError as exc:
+        raise error(f"{path}: no such file") from exc
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror})") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{path}: not a regular file")
+    if info.st_size > largest:
+        raise error(f"{path}: {info.st_size:,} bytes is far larger than any {what}")

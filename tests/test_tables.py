@@ -10,7 +10,7 @@ import pytest
 from gpusim.explore.compare import compare
 from gpusim.explore.scaling import ScalingRow
 from gpusim.progress import ProgressBar
-from gpusim.tables import compare_table, render, scaling_table
+from gpusim.tables import add_row, compare_table, new_table, render, scaling_table
 
 
 def test_compare_table_names_units_and_keeps_brackets_as_text() -> None:
@@ -25,9 +25,12 @@ def test_compare_table_names_units_and_keeps_brackets_as_text() -> None:
 
 
 def test_a_cell_with_brackets_is_not_markup() -> None:
-    row = ScalingRow(8, 64, None, None, None, None, False, "[bold]not markup[/bold]")
-    text = render(scaling_table([row]))
-    assert "GPUs" in text and "efficiency (%)" in text and "-" in text.splitlines()[-1]
+    table = new_table(["name", "note"], left=("name", "note"))
+    add_row(table, ["[bold]x[/bold]", "[red]"])
+    text = render(table)
+    assert "[bold]x[/bold]" in text and "[red]" in text
+    row = ScalingRow(8, 64, None, None, None, None, False, "does not split")
+    assert render(scaling_table([row])).splitlines()[-1].split()[-1] == "-"
 
 
 def test_progress_in_a_log_is_a_line_with_the_time_left() -> None:

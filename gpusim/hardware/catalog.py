@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import stat
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +31,7 @@ from gpusim.hardware.profile import (
     SystemProfile,
     unsourced_problem,
 )
+from gpusim.paths import check_regular_file
 
 _KINDS: dict[str, type[HardwareProfile]] = {
     "gpu": GPUProfile,
@@ -92,17 +92,7 @@ LARGEST_INPUT_FILE = 10 * 2**20
 def read_text_file(path: Path) -> str:
     """The text of a regular UTF-8 file of reasonable size, or InvalidProfile saying why not
     (a folder, a FIFO or a device would otherwise fail late, block or never end)."""
-    try:
-        info = path.stat()
-    except FileNotFoundError as exc:
-        raise InvalidProfile(f"{path}: no such file") from exc
-    except OSError as exc:
-        raise InvalidProfile(f"{path}: cannot be read ({exc.strerror})") from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise InvalidProfile(f"{path}: not a regular file")
-    if info.st_size > LARGEST_INPUT_FILE:
-        raise InvalidProfile(f"{path}: {info.st_size:,} bytes is far larger than any profile, "
-                             f"model or stack file")
+    check_regular_file(path, LARGEST_INPUT_FILE, InvalidProfile, "profile, model or stack file")
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

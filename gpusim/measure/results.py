@@ -10,12 +10,12 @@ This module needs no torch, so prediction and validation can read files anywhere
 from __future__ import annotations
 
 import json
-import stat
 from pathlib import Path
 from typing import Any
 
 from gpusim.data import data_dir
 from gpusim.errors import InvalidMeasurement
+from gpusim.paths import check_regular_file
 
 SCHEMA_VERSION = 1
 SUITES = ("micro", "models")
@@ -38,17 +38,7 @@ def _no_constant(name: str) -> Any:
 
 def _read(path: Path) -> Any:
     """The JSON of a regular file of sane size, NaN and Infinity refused."""
-    try:
-        info = path.stat()
-    except FileNotFoundError as exc:
-        raise InvalidMeasurement(f"{path}: no such measurement file") from exc
-    except OSError as exc:
-        raise InvalidMeasurement(f"{path}: cannot be read ({exc.strerror})") from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise InvalidMeasurement(f"{path}: not a regular file")
-    if info.st_size > LARGEST_FILE:
-        raise InvalidMeasurement(f"{path}: {info.st_size:,} bytes is far larger than any "
-                                 f"measurement file")
+    check_regular_file(path, LARGEST_FILE, InvalidMeasurement, "measurement file")
     try:
         return json.loads(path.read_bytes().decode("utf-8"), parse_constant=_no_constant)
     except (OSError, UnicodeDecodeError, ValueError) as exc:

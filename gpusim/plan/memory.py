@@ -148,12 +148,6 @@ class MemoryPlan:
                 "framework_reserved": self.framework_reserved}
 
 
-def activation_bytes(job: TrainingJob) -> float:
-    """Activations kept for backward by one microbatch, under the job's checkpointing."""
-    kept, working = activation_split(job)
-    return kept + working
-
-
 def activation_split(job: TrainingJob) -> tuple[float, float]:
     """(bytes a microbatch keeps from its forward until its backward, bytes re-created for
     one checkpointed block at a time during backward), under the job's recompute mode

@@ -57,7 +57,7 @@ FREE = frozenset({
     "requires_grad_", "retain_grad", "_has_compatible_shallow_copy_type", "data_ptr",
     "get_device", "element_size", "__hash__", "__index__", "__int__", "__float__",
 })
-ACTIVATIONS = {"relu": (1.0, "relu"), "relu_": (1.0, "relu"), "silu": (4.0, "silu"),
+ACTIVATIONS = {"relu": (1.0, "relu"), "silu": (4.0, "silu"),
                "sigmoid": (4.0, "sigmoid"), "tanh": (4.0, "tanh"), "gelu": (8.0, "gelu"),
                "leaky_relu": (1.0, "relu"), "elu": (4.0, "elu"), "mish": (8.0, "mish"),
                "hardswish": (3.0, "hardswish"), "softplus": (4.0, "softplus"),
@@ -123,8 +123,8 @@ class _Recorder:
         handler = getattr(self, f"_{fname.strip('_')}", None)
         if handler is not None:
             handler(args, kwargs, out)
-        elif fname.rstrip("_") in ACTIVATIONS or fname in ACTIVATIONS:
-            flops, op = ACTIVATIONS.get(fname, ACTIVATIONS.get(fname.rstrip("_"), (1.0, fname)))
+        elif fname.rstrip("_") in ACTIVATIONS:  # relu_ and the like: in place
+            flops, op = ACTIVATIONS[fname.rstrip("_")]
             elements = self.per_sample(tensors[0])
             if op == "relu":
                 self.add(relu(self.name("relu"), elements, block=self.block(),
