@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpusim import units
 from gpusim.hardware.calibration import calibration_for
+from gpusim.hardware.power import compute_rate_factor
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.autocast import autocasts
 from gpusim.plan.job import TrainingJob
@@ -13,9 +14,30 @@ from gpusim.sim.ranks import Straggler, rank_coords
 from gpusim.stack import Stack
 from gpusim.workload.layers import Conv2d
 
-_ENERGY = ("energy: each device draws idle power, plus (TDP - idle) while a kernel works "
+_ENERGY = ("energy: each device draws idle power, plus (power limit - idle) while a kernel works "
            "its bottleneck unit at the attainable rate (ramps, launch gaps, waits and exposed "
            "communication at idle power); board power only, no host or cooling")
+
+
+def power_limit_line(device: DeviceProfile) -> str | None:
+    """What a board power limit below the TDP does to the estimate, in words; None at the
+    TDP."""
+    if device.power_limit >= device.tdp_w:
+        return None
+    cal = calibration_for(device)
+    head = f"{device.name} held to a {device.power_limit:g} W power limit (TDP {device.tdp_w:g} W)"
+    if cal.power is None:
+        return (f"{head}: not modelled, no power calibration for {device.architecture}; "
+                f"kernels run as at the TDP")
+    factor = compute_rate_factor(device, cal.idle_power_fraction, cal.power)
+    return (f"{head}: compute-bound kernels at {factor:.0%} of their rate at the TDP, its "
+            f"clock lowered until dense matrix work fits ({cal.power.name}); memory-bound "
+            f"kernels unchanged")
+
+
+def _with_power(out: list[str], device: DeviceProfile) -> list[str]:
+    line = power_limit_line(device)
+    return out if line is None else [line, *out]
 
 
 def _simulated_ranks(job: ParallelJob, per_rank: bool, straggler: Straggler | None) -> str:
@@ -90,7 +112,7 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
                f"{node_links}; {slowdown}")
     out.append(_parallel_input(job))
     out.append(_ENERGY)
-    return out
+    return _with_power(out, topo.gpu)
 
 
 def _parallel_input(job: ParallelJob) -> str:
@@ -137,7 +159,7 @@ def single_assumptions(job: TrainingJob) -> list[str]:
         out.append("autocast: norms, softmax and a transformer's residual stream stay fp32; "
                    "each fp32 weight is cast once per forward")
     out.append(_ENERGY)
-    return out
+    return _with_power(out, job.device)
 
 
 OFFLOAD_TEXT = {

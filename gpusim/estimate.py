@@ -23,6 +23,7 @@ from gpusim.cost.energy import average_power_w
 from gpusim.errors import InvalidConfig
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device, load_system
+from gpusim.hardware.power import with_power_limit
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, PriceQuote, SystemProfile
 from gpusim.plan.job import (
     AUTO_PRECISION,
@@ -197,6 +198,8 @@ def resolve_topology(gpu: str | DeviceProfile | None, system: str | SystemProfil
             if device.name != topo.gpu.name:
                 raise InvalidConfig(f"--gpu {device.name} differs from {profile.name}'s GPU "
                                     f"({topo.gpu.name}); give one of them")
+            if isinstance(device, GPUProfile):  # the system's GPU as given (a power limit)
+                topo = Topology.build(profile, num_gpus, device)
         return topo, False
     if gpu is None:
         raise InvalidConfig("give --gpu or --system")
@@ -231,6 +234,17 @@ def parallel_config(batch_size: int, num_gpus: int, *, tp: int = 1, pp: int = 1,
                             "microbatch size the accumulation follows from the batch)")
     return ParallelConfig(tensor=tp, pipeline=pp, data=dp * cp, context=cp, expert=ep,
                           microbatch_size=microbatch_size, **options)  # type: ignore[arg-type]
+
+
+def limited_device(gpu: str | DeviceProfile | None, system: str | SystemProfile | None,
+                   watts: float) -> DeviceProfile:
+    """The job's device (``gpu``, else the system's) under a board power limit of ``watts``."""
+    if gpu is None:
+        if system is None:
+            raise InvalidConfig("give --gpu or --system")
+        gpu = (load_system(system) if isinstance(system, str) else system).gpu
+    device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
+    return with_power_limit(device, watts, calibration_for(device).idle_power_fraction)
 
 
 Job = TrainingJob | ParallelJob
@@ -276,6 +290,7 @@ def build_job(
     lora_targets: str | tuple[str, ...] = ("q", "v"),
     lora_dropout: bool = False,
     channels_last: bool = False,
+    power_limit_w: float | None = None,
 ) -> tuple[Job, bool]:
     """The job ``estimate`` runs (arguments as there), and whether its system was assumed
     (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
@@ -285,7 +300,10 @@ def build_job(
     ``attention`` (auto, flash2, cudnn, efficient, math) replaces its attention kernel;
     ``fp8_recipe`` says how fp8 training scales its tensors (``precision`` fp8);
     ``channels_last`` holds a CNN's tensors channels-last (no transposes around cuDNN's
-    tensor-core convolutions)."""
+    tensor-core convolutions); ``power_limit_w`` runs the GPUs under that board power limit
+    (nvidia-smi -pl), which lowers their clocks under dense matrix work."""
+    if power_limit_w is not None:
+        gpu = limited_device(gpu, system, power_limit_w)
     framework = load_stack(stack).with_attention(attention)
     net = apply_stack(resolve_model(model, seq_len), framework)
     if channels_last:
@@ -418,6 +436,7 @@ def estimate(
     lora_targets: str | tuple[str, ...] = ("q", "v"),
     lora_dropout: bool = False,
     channels_last: bool = False,
+    power_limit_w: float | None = None,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``cp`` x ``pp`` x ``dp`` (see
@@ -445,7 +464,7 @@ def estimate(
         stack=stack, attention=attention, fp8_recipe=fp8_recipe, offload=offload,
         finetune=finetune,
         lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
-        channels_last=channels_last)
+        channels_last=channels_last, power_limit_w=power_limit_w)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
     if isinstance(job, ParallelJob):

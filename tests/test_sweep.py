@@ -491,6 +491,8 @@ FIELD_JOBS: list[dict[str, Any]] = [
 
 def _field_value(job: dict[str, Any], field: str) -> Any:
     value: Any = load_device(job["gpu"])
+    if field == "power_limit_w":  # unset means the TDP
+        return value.power_limit
     for part in field.split("."):
         value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
     return value

@@ -346,6 +346,7 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
                                 if _has(cal, p)}))
         if name == "gemm":  # before anything is fitted relative to the GEMM efficiencies
             shared = _same_rate_precisions(cal, device, fits)
+    bounded = _bound_by_maxima(cal, cases, device)
     auto = _auto_attention(cal, data, fits)
     layers = [c for c in cases if c["kind"] == "layer_host" and "median_s" in c]
     if layers:
@@ -360,7 +361,8 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
         "name": f"{device.name}-fitted", "device": device.name, "architecture": None,
         "status": "fitted", "fitted_on": [results.display_path(p) for p in paths],
         "rationale": f"Fitted by gpusim calibrate on {today} to {what} "
-                     f"{data['provenance'].get('date', '')[:10]} ({summary}).{shared}{auto} "
+                     f"{data['provenance'].get('date', '')[:10]} ({summary}).{shared}{bounded}"
+                     f"{auto} "
                      f"Parameters not in the suite keep the values of {base.name}.",
     })
     return FitResult(Calibration.model_validate(cal), fits,
@@ -385,6 +387,32 @@ def _same_rate_precisions(cal: dict[str, Any], device: DeviceProfile,
             taken.append(f"{precision} from {twin}")
     return (f" Precisions no GEMM case timed, from one at the same peak: "
             f"{', '.join(taken)}." if taken else "")
+
+
+def _bound_by_maxima(cal: dict[str, Any], cases: list[dict[str, Any]],
+                     device: DeviceProfile) -> str:
+    """No shape runs faster than the fastest a search over shapes found: where the
+    calibration predicts a searched maximum (a GEMM case kept out of the fit, ``fit:
+    false``) faster than it was measured, its precision's efficiency is lowered until the
+    prediction meets it. A bound, not a fit: typical shapes may still run slower."""
+    held = []
+    for precision in sorted(cal["gemm"]["max_efficiency"]):
+        maxima = [c for c in cases if c.get("fit") is False and c["kind"] == "gemm"
+                  and c.get("precision") == precision and "median_s" in c]
+        if not maxima:
+            continue
+        start = cal["gemm"]["max_efficiency"][precision]
+        for _ in range(8):  # ramps and quantization make time not quite inverse to it
+            ratio = min(predict(c, device, Calibration.model_validate(cal)) / c["median_s"]
+                        for c in maxima)
+            if ratio >= 0.999:
+                break
+            cal["gemm"]["max_efficiency"][precision] *= ratio
+        if cal["gemm"]["max_efficiency"][precision] < start:
+            held.append(f"{precision} {start:.3g} -> "
+                        f"{cal['gemm']['max_efficiency'][precision]:.3g}")
+    return (f" Held to the searched maxima (no shape faster than the fastest a search "
+            f"found): {', '.join(held)}." if held else "")
 
 
 def _auto_attention(cal: dict[str, Any], data: dict[str, Any], fits: list[GroupFit]) -> str:
@@ -481,7 +509,7 @@ def rounded(value: Any, digits: int = 4) -> Any:
 
 def write(result: FitResult, out: str | Path) -> Path:
     out = Path(out)
-    body = rounded(result.calibration.model_dump(exclude_none=True))
+    body = rounded(result.calibration.model_dump(exclude_none=True, exclude={"power"}))
     header = ("# Written by `gpusim calibrate` from the micro suite named in fitted_on.\n"
               "# Do not edit by hand: measure again and re-run it.\n")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -147,7 +147,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "offload": args.offload,
         "finetune": args.finetune, "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets, "lora_dropout": args.lora_dropout,
-        "channels_last": args.channels_last,
+        "channels_last": args.channels_last, "power_limit_w": args.power_limit,
     }
 
 

@@ -77,6 +77,10 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     e.add_argument("--gpu",
                    help="GPU or CPU profile name or alias (gpusim profiles list), or a YAML "
                         "file; with --system, its GPU")
+    e.add_argument("--power-limit", type=numbers.real(0, above=True), metavar="W",
+                   help="board power limit of each GPU in watts, as nvidia-smi -pl sets it "
+                        "(default: the profile's, which is its TDP unless the part ships "
+                        "lower): dense matrix work runs at the clock that fits it")
     e.add_argument("--batch-size", type=numbers.count, required=True,
                    help="samples per optimizer step (the global batch over all GPUs)")
     add_precision_flag(e)

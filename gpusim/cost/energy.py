@@ -1,6 +1,6 @@
 """Device power and energy from the simulated utilization.
 
-A device draws its idle power all the time, and on top of it a share of (TDP - idle) in
+A device draws its idle power all the time, and on top of it a share of (limit - idle) in
 proportion to how hard its busiest unit works. A kernel works its bottleneck unit (matrix or
 vector cores for compute-bound kernels, DRAM for memory-bound ones) at the attainable rate
 for the roofline part of its time, and not during its ramp and fixed per-kernel overhead, so
@@ -27,4 +27,4 @@ def idle_power_w(device: DeviceProfile, cal: Calibration) -> float:
 def average_power_w(device: DeviceProfile, cal: Calibration, active_fraction: float) -> float:
     """Mean board power over a step whose active share of the time is ``active_fraction``."""
     idle = idle_power_w(device, cal)
-    return idle + (device.tdp_w - idle) * min(1.0, max(0.0, active_fraction))
+    return idle + (device.power_limit - idle) * min(1.0, max(0.0, active_fraction))

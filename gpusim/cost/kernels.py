@@ -15,6 +15,7 @@ from typing import Literal
 
 from gpusim import units
 from gpusim.hardware.calibration import Calibration
+from gpusim.hardware.power import compute_rate_factor
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
 from gpusim.workload.ops import DTYPE_BYTES, AttentionShape, GemmShape, Op
 
@@ -110,12 +111,17 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                 eff *= cal.gemm.misaligned_factor.get(op.math, 1.0)
             if op.kind == "gemm" and op.gemm.layout != "nn":
                 eff *= cal.gemm.layout_factors.get(op.gemm.layout, 1.0)  # type: ignore[call-overload]
-        compute_s = op.flops / (peak * eff)
+        compute_s = op.flops / (peak * eff * _clock_factor(device, cal))
         ramp = units.us(cal.gemm.ramp_us)
     bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"
     seconds = max(compute_s, memory_s) + ramp + overhead + first_touch_cost(op, cal)
     achieved = op.flops / (seconds * peak) if op.flops else 0.0
     return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved)
+
+
+def _clock_factor(device: DeviceProfile, cal: Calibration) -> float:
+    """Compute rate under the device's power limit, relative to the calibration's."""
+    return compute_rate_factor(device, cal.idle_power_fraction, cal.power)
 
 
 def first_touch_cost(op: Op, cal: Calibration) -> float:

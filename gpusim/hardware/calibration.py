@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from gpusim.errors import InvalidProfile
 from gpusim.hardware.catalog import format_validation_error, profiles_dir, read_yaml
+from gpusim.hardware.power import PowerCalibration, power_calibration_for
 from gpusim.hardware.profile import DeviceProfile, Frozen
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -152,6 +153,10 @@ class Calibration(Frozen):
         description="board power when idle, as a fraction of TDP"
     )
     pcie_efficiency: Fraction = 0.8
+    power: PowerCalibration | None = Field(
+        None, description="how the architecture's matrix throughput falls under a power "
+                          "limit: attached from calibration/power/<architecture>.yaml, never "
+                          "written into this file")
 
     @model_validator(mode="after")
     def _check(self) -> Calibration:
@@ -204,9 +209,24 @@ def calibration_for(device: DeviceProfile, own: bool = True) -> Calibration:
     """The calibration of ``device``: its own fitted file (unless ``own`` is False), else its
     architecture's; host-side overheads from the architecture it names for them, if any."""
     cal = _calibration_file_for(device, own)
-    if cal.host_overhead_from is None:
+    if cal.host_overhead_from is not None:
+        cal = _with_host_overheads(str(profiles_dir()), cal.name)
+    return _with_power(cal, power_calibration_for(device))
+
+
+# Keyed by identity; each entry holds its two sources, so their ids are never reused.
+_WITH_POWER: dict[tuple[int, int], tuple[Calibration, PowerCalibration, Calibration]] = {}
+
+
+def _with_power(cal: Calibration, power: PowerCalibration | None) -> Calibration:
+    """``cal`` with ``power`` attached (once per pair of cached files: searches ask for a
+    device's calibration per job)."""
+    if power is None:
         return cal
-    return _with_host_overheads(str(profiles_dir()), cal.name)
+    key = (id(cal), id(power))
+    if key not in _WITH_POWER:
+        _WITH_POWER[key] = (cal, power, cal.model_copy(update={"power": power}))
+    return _WITH_POWER[key][2]
 
 
 @lru_cache(maxsize=16)

@@ -169,6 +169,9 @@ class DeviceProfile(Profile):
     memory_gib: Positive
     memory_bandwidth_gb_s: Positive
     tdp_w: Positive
+    power_limit_w: Positive | None = Field(
+        None, description="the board power limit it runs under when below its TDP (the "
+                          "SKU's default, or nvidia-smi -pl); none: its TDP")
     launch_price_usd: Positive | None = None
     launch_date: str | None = None
     cloud_prices: list[PriceQuote] = []
@@ -184,6 +187,9 @@ class DeviceProfile(Profile):
                 f"base_clock_mhz {self.base_clock_mhz} exceeds boost_clock_mhz "
                 f"{self.boost_clock_mhz}"
             )
+        if self.power_limit_w is not None and self.power_limit_w > self.tdp_w:
+            raise ValueError(f"power_limit_w {self.power_limit_w} exceeds tdp_w {self.tdp_w}: "
+                             "a board cannot be set above its TDP")
         if self.launch_date is not None and not _DATE.match(self.launch_date):
             raise ValueError(f"launch_date {self.launch_date!r} must be YYYY-MM or YYYY-MM-DD")
         return self
@@ -201,6 +207,11 @@ class DeviceProfile(Profile):
     def tdp(self) -> float:
         """Board power in watts."""
         return self.tdp_w
+
+    @property
+    def power_limit(self) -> float:
+        """The board power limit it runs under, watts: its set limit, else its TDP."""
+        return self.power_limit_w or self.tdp_w
 
     @property
     def is_gpu(self) -> bool:

@@ -20,7 +20,6 @@ import yaml
 from gpusim.data import data_dir
 from gpusim.errors import GpusimError
 from gpusim.estimate import estimate
-from gpusim.explore.values import with_fields
 from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
@@ -65,10 +64,9 @@ def _gpu(text: str) -> DeviceProfile:
         return load_gpu("h200")
     if "a100" in low:
         return load_gpu("a100-80gb")
-    gpu = load_gpu("h100-sxm")
-    if "96gb" in low:  # Meta's Grand Teton H100s carry 96 GB of HBM2e
-        return with_fields(gpu, {"memory_gib": 96.0})
-    return gpu
+    if "96gb" in low:  # Meta's Grand Teton H100s: 96 GB of HBM2e, a 500 W limit
+        return load_gpu("h100-sxm-96gb")
+    return load_gpu("h100-sxm")
 
 
 def _window(m: dict[str, Any]) -> int:

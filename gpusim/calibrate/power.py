@@ -1,0 +1,179 @@
+"""Fit how an architecture's matrix throughput falls under a power limit, from published
+power-limit sweeps (measurements/published/power_limits.yaml), and write the fit to
+hardware_profiles/calibration/power/<architecture>.yaml.
+
+A sweep is one source's runs of one workload on one device at several limits. A sweep of
+GEMM throughput gives a shape: each limit's rate over the highest limit's, against the
+model's clock fraction at each limit over its fraction at the highest
+(gpusim.hardware.power). Sustained SM clocks give more: each over the boost clock, which
+places the demand (the limit above which the clock stops rising) as well. Whole training
+runs under limits are validation, never fitted.
+
+    python -m gpusim.calibrate.power [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpusim.data import data_dir
+from gpusim.hardware.calibration import calibration_for
+from gpusim.hardware.catalog import load_gpu
+from gpusim.hardware.power import PowerCalibration, clock_fraction, power_file
+from gpusim.hardware.profile import DeviceProfile
+
+SWEEPS = Path("published") / "power_limits.yaml"
+FITTED_KINDS = ("gemm", "clock")
+MATRIX_PRECISIONS = ("bf16", "fp16", "tf32", "fp8", "int8")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One limit of one sweep: the rate relative to the sweep's highest limit's (a
+    throughput), or to the boost clock (``top_fraction`` None: a sustained clock)."""
+
+    sweep: str
+    limit_fraction: float  # of TDP
+    top_fraction: float | None  # the sweep's highest limit, of TDP
+    relative: float
+    source: str = ""
+
+
+def sweeps(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
+    """Per architecture, the points of every sweep of dense matrix work with two or more
+    limits (fp64 runs other units, and is left out)."""
+    series: dict[tuple[str, str, str, str], list[tuple[float, float]]] = defaultdict(list)
+    urls: dict[str, str] = {}
+    devices: dict[str, DeviceProfile] = {}
+    for row in rows:
+        if row.get("kind") not in FITTED_KINDS or row.get("precision") not in MATRIX_PRECISIONS:
+            continue
+        if not row.get("power_limit_w") or row.get("read_from_chart"):
+            continue
+        device = load_gpu(row["device"])
+        devices[device.name] = device
+        for measure in ("tflops", "sm_clock_mhz"):
+            if isinstance(row.get(measure), (int, float)):
+                key = (device.name, str(row["source"].get("title")), str(row["workload"]),
+                       measure)
+                urls[key[1]] = str(row["source"].get("url"))
+                series[key].append((float(row["power_limit_w"]) / device.tdp_w,
+                                    float(row[measure])))
+    points: dict[str, list[Point]] = defaultdict(list)
+    for (name, title, workload, measure), pts in series.items():
+        sweep_device = devices[name]
+        label = f"{name}: {title}: {workload}: {measure}"
+        if len({f for f, _ in pts}) < 2:
+            continue  # one limit: a check (see checks), not a sweep
+        if measure == "sm_clock_mhz":
+            points[sweep_device.architecture] += [
+                Point(label, f, None, min(1.0, clock / sweep_device.boost_clock_mhz),
+                      urls[title])
+                for f, clock in pts]
+        else:
+            top, top_rate = max(pts)
+            points[sweep_device.architecture] += [Point(label, f, top, rate / top_rate, urls[title])
+                                             for f, rate in pts]
+    return points
+
+
+def checks(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
+    """Per architecture, sustained clocks of GEMM loops at one limit: not fitted (a loop of
+    one dense product draws more than a network's step of mixed kernels, which the fit is
+    for), printed beside it. Short bursts after idle are left out."""
+    found: dict[str, list[Point]] = defaultdict(list)
+    for row in rows:
+        if row.get("kind") != "gemm" or row.get("precision") not in MATRIX_PRECISIONS:
+            continue
+        if "burst" in f"{row.get('workload')} {row.get('notes')}".lower():
+            continue
+        if not isinstance(row.get("sm_clock_mhz"), (int, float)) or not row.get("power_limit_w"):
+            continue
+        device = load_gpu(row["device"])
+        found[device.architecture].append(Point(
+            f"{device.name}: {row['id']}", float(row["power_limit_w"]) / device.tdp_w, None,
+            min(1.0, float(row["sm_clock_mhz"]) / device.boost_clock_mhz)))
+    return found
+
+
+def predicted(p: Point, idle: float, power: PowerCalibration) -> float:
+    at = clock_fraction(p.limit_fraction, idle, power)
+    return at if p.top_fraction is None else at / clock_fraction(p.top_fraction, idle, power)
+
+
+def _error(points: list[Point], idle: float, power: PowerCalibration) -> float:
+    return statistics.fmean(abs(math.log(predicted(p, idle, power) / p.relative))
+                            for p in points)
+
+
+def fit(architecture: str, points: list[Point], idle: float,
+        sources: list[str]) -> PowerCalibration:
+    """The demand and exponent that best predict the sweeps' shapes (a grid search: two
+    bounded parameters, a few hundred points)."""
+    best: PowerCalibration | None = None
+    best_err = math.inf
+    for demand_step in range(60, 201):  # demand 0.60 to 2.00 of TDP
+        for exp_step in range(10, 41):  # exponent 1.0 to 4.0
+            trial = PowerCalibration(name=f"{architecture}-power", architecture=architecture,
+                                     demand_fraction=demand_step / 100,
+                                     exponent=exp_step / 10)
+            err = _error(points, idle, trial)
+            if err < best_err - 1e-12:
+                best, best_err = trial, err
+    assert best is not None
+    rationale = (f"Fitted by gpusim.calibrate.power on {len(points)} points of "
+                 f"{len({p.sweep for p in points})} published sweep(s) (mean error "
+                 f"{best_err:.1%}), idle power {idle:.2f} of TDP from the architecture's "
+                 f"calibration. Efficiencies are taken as measured at the measured device's "
+                 f"default limit. Sustained clocks of single-GEMM loops at one limit are "
+                 f"checks, not fitted: such a loop draws more than a network's step.")
+    return best.model_copy(update={"fitted_on": sources, "rationale": rationale})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweeps", default=None, help=f"default: measurements/{SWEEPS}")
+    parser.add_argument("--dry-run", action="store_true", help="show the fit; write nothing")
+    args = parser.parse_args(argv)
+    path = Path(args.sweeps) if args.sweeps else data_dir("measurements") / SWEEPS
+    rows = yaml.safe_load(path.read_text())["rows"]
+    for arch, points in sorted(sweeps(rows).items()):
+        device = next(d for d in (load_gpu(r["device"]) for r in rows)
+                      if d.architecture == arch)
+        idle = calibration_for(device).idle_power_fraction
+        power = fit(arch, points, idle, sorted({p.source for p in points}))
+        quoted = [r["id"] for r in rows if str(r.get("notes", "")).startswith("SECOND-HAND")
+                  and any(r["id"] and str(r["source"].get("url")) == p.source for p in points)]
+        if quoted:
+            power = power.model_copy(update={"rationale": power.rationale + (
+                f" {len(quoted)} of the rows behind it are second-hand (quoted from the paper "
+                f"by another project; marked in the sweeps file): to be checked against the "
+                f"paper.")})
+        print(f"{arch}: demand {power.demand_fraction:.2f} of TDP, exponent "
+              f"{power.exponent:.1f}; {power.rationale}")
+        for p in points:
+            print(f"  {p.sweep[:70]:<70} limit {p.limit_fraction:4.2f} of TDP: measured "
+                  f"{p.relative:.3f}, predicted {predicted(p, idle, power):.3f}")
+        for p in checks(rows).get(arch, []):
+            print(f"  check, not fitted: {p.sweep[:52]:<52} limit {p.limit_fraction:4.2f}: "
+                  f"clock {p.relative:.3f} of boost, predicted {predicted(p, idle, power):.3f}")
+        if not args.dry_run:
+            out = power_file(arch)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            header = ("# Written by `python -m gpusim.calibrate.power` from the sweeps named "
+                      "in fitted_on.\n# Do not edit by hand: add sweeps and re-run it.\n")
+            out.write_text(header + yaml.safe_dump(power.model_dump(), sort_keys=False,
+                                                   width=100))
+            print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

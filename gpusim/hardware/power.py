@@ -1,0 +1,110 @@
+"""Sustained clocks under a board power limit.
+
+A GPU holds its boost clock only while the board stays under its power limit. Dense matrix
+work at the boost clock draws more than a recent part's limit, so the firmware lowers the
+clock until the power fits. The power that falls with the clock (the cores' switching) goes
+about as the clock to a power near 3, since the voltage falls with it; the rest (leakage,
+memory, the board) does not, and is taken as the device's idle power.
+
+So a board limited to ``P`` runs matrix-bound kernels at the clock fraction
+
+    ((P - idle) / (demand - idle)) ** (1 / exponent), at most 1,
+
+where ``demand`` is what the same work would draw at the boost clock. ``demand`` and
+``exponent`` are fitted per architecture on published power-limit sweeps of GEMMs
+(``gpusim.calibrate.power``). The efficiencies of a calibration were measured at the measured
+device's own limit, so a kernel's compute rate scales by the clock fraction at the run's limit
+over the fraction at the limit the calibration was measured under. Memory-bound kernels keep
+their rate: the HBM clock is not lowered, and they draw less than the limit.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError
+
+from gpusim.errors import InvalidConfig, InvalidProfile
+from gpusim.hardware.catalog import format_validation_error, profiles_dir, read_yaml
+from gpusim.hardware.profile import DeviceProfile, Frozen
+
+Positive = Annotated[float, Field(gt=0)]
+
+
+class PowerCalibration(Frozen):
+    """How one architecture's matrix throughput falls under a board power limit."""
+
+    kind: Literal["power_calibration"] = "power_calibration"
+    name: str
+    architecture: str
+    demand_fraction: Positive = Field(
+        description="board power dense matrix kernels would draw at the boost clock, as a "
+                    "fraction of TDP (above 1: clocked down even at TDP)")
+    exponent: Annotated[float, Field(ge=1, le=4)] = Field(
+        description="the clock-dependent power grows as the clock to this power")
+    measured_limit_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        1.0, description="the power limit, as a fraction of TDP, of the device the "
+                         "architecture's efficiencies were measured on")
+    fitted_on: list[str] = Field(default_factory=list, description="the published sweeps")
+    rationale: str = ""
+
+
+def clock_fraction(limit_fraction: float, idle_fraction: float,
+                   power: PowerCalibration) -> float:
+    """The fraction of its boost clock a board held to ``limit_fraction`` of its TDP runs
+    dense matrix work at (idle power ``idle_fraction`` of TDP)."""
+    if limit_fraction >= power.demand_fraction:
+        return 1.0
+    headroom = max(limit_fraction - idle_fraction, 1e-3)
+    return float((headroom / (power.demand_fraction - idle_fraction)) ** (1 / power.exponent))
+
+
+def compute_rate_factor(device: DeviceProfile, idle_fraction: float,
+                        power: PowerCalibration | None) -> float:
+    """How much faster (above 1) or slower (below 1) compute-bound kernels run on
+    ``device`` under its power limit than on the device its calibration was measured on
+    under that one's limit; 1 without a power calibration."""
+    if power is None:
+        return 1.0
+    run = clock_fraction(device.power_limit / device.tdp_w, idle_fraction, power)
+    measured = clock_fraction(power.measured_limit_fraction, idle_fraction, power)
+    return run / measured
+
+
+def with_power_limit(device: DeviceProfile, watts: float, idle_fraction: float
+                     ) -> DeviceProfile:
+    """``device`` set to run under a board power limit of ``watts`` (as nvidia-smi -pl)."""
+    if not watts <= device.tdp_w:
+        raise InvalidConfig(f"--power-limit {watts:g} W is above {device.name}'s TDP "
+                            f"({device.tdp_w:g} W); a board cannot be set above it")
+    idle = idle_fraction * device.tdp_w
+    if not watts > idle:
+        raise InvalidConfig(f"--power-limit {watts:g} W is not above {device.name}'s idle "
+                            f"power ({idle:.0f} W): nothing would be left to compute with")
+    return device.model_copy(update={"power_limit_w": float(watts)})
+
+
+def load_power_file(path: str | Path) -> PowerCalibration:
+    path = Path(path)
+    try:
+        return PowerCalibration.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise InvalidProfile(format_validation_error(str(path), exc, PowerCalibration)) \
+            from exc
+
+
+def power_file(architecture: str) -> Path:
+    return profiles_dir() / "calibration" / "power" / f"{architecture}.yaml"
+
+
+@lru_cache(maxsize=16)
+def _power_for(root: str, architecture: str) -> PowerCalibration | None:
+    path = Path(root) / "calibration" / "power" / f"{architecture}.yaml"
+    return load_power_file(path) if path.exists() else None
+
+
+def power_calibration_for(device: DeviceProfile) -> PowerCalibration | None:
+    """The power calibration of ``device``'s architecture, or None when none was fitted."""
+    return _power_for(str(profiles_dir()), device.architecture)
