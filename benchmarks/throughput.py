@@ -1,6 +1,7 @@
 """Published, measured LLM training throughputs (published/throughput.yaml) against gpusim's
 predictions: tokens/s per GPU, per case, and the error over the cases gpusim models as they
-ran (torch.compile runs are predicted eager and listed apart). Validation, never fitted.
+ran (torch.compile runs compiled; cases that needed an assumption are listed apart).
+Validation, never fitted.
 
     python benchmarks/throughput.py
 """
@@ -25,7 +26,7 @@ def main() -> None:
               f"signed {s['mean_signed']:+.1%}, largest {s['max']:+.1%}")
     flagged = [r.error for r in rows if r.error is not None and r.flags]
     if flagged:
-        print(f"{len(flagged)} torch.compile cases predicted eager: mean signed "
+        print(f"{len(flagged)} cases with an assumption (notes): mean signed "
               f"{sum(flagged) / len(flagged):+.1%}")
     pairs = {}
     for r in rows:

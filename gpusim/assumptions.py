@@ -101,6 +101,12 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
                   "their layer's GEMMs" if p.sequence_parallel else " (no overlap with compute)")
     out.append(f"tensor-parallel collectives on the critical path{tp_overlap}; collectives "
                "take the fastest NCCL algorithm for their size")
+    if p.expert > 1:
+        out.append("expert-parallel all-to-alls (dispatch and combine) beside another "
+                   "microbatch's compute, the part it cannot cover exposed (pipeline warm-up "
+                   "and cool-down taken as overlapped too)" if p.ep_overlap else
+                   "expert-parallel all-to-alls (dispatch and combine) on the critical path "
+                   "(--ep-overlap runs them beside another microbatch's compute)")
     slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel collective "
                 "runs beside them" if comm_slowdown else
                 "no compute slowdown from communication kernels (--comm-slowdown)")
@@ -146,8 +152,14 @@ def single_assumptions(job: TrainingJob) -> list[str]:
     if job.grad_accum > 2:
         out.append(f"{job.grad_accum} microbatches: 2 simulated in detail, the rest repeat the "
                    "last")
-    out.append("PyTorch eager execution, one kernel per op, no CUDA graphs; a host "
-               "synchronize at the end of each step")
+    if job.framework.compiled:
+        out.append("torch.compile (TorchInductor, default mode): norms, activations, residual "
+                   "adds, casts and fp8 scale reductions fused into generated kernels at the "
+                   "device's achieved bandwidth; matrix products and attention as in eager; "
+                   "the host launches kernels without per-op Python; no CUDA graphs")
+    else:
+        out.append("PyTorch eager execution, one kernel per op, no CUDA graphs; a host "
+                   "synchronize at the end of each step")
     convs = [la for la in job.model.layers if isinstance(la, Conv2d)]
     if job.device.is_gpu and convs and not all(la.channels_last for la in convs):
         out.append("tensors in PyTorch's default NCHW layout: cuDNN transposes them for its "

@@ -278,6 +278,7 @@ def build_job(
     zero: int = 0,
     sequence_parallel: bool = False,
     tp_overlap: bool = False,
+    ep_overlap: bool = False,
     overlap_grad_reduce: bool = True,
     max_batch: bool = False,
     pure_bf16: bool = False,
@@ -291,6 +292,7 @@ def build_job(
     lora_dropout: bool = False,
     channels_last: bool = False,
     power_limit_w: float | None = None,
+    compile: bool = False,
 ) -> tuple[Job, bool]:
     """The job ``estimate`` runs (arguments as there), and whether its system was assumed
     (no system profile names the GPU). One device gives a TrainingJob, more a ParallelJob.
@@ -301,10 +303,11 @@ def build_job(
     ``fp8_recipe`` says how fp8 training scales its tensors (``precision`` fp8);
     ``channels_last`` holds a CNN's tensors channels-last (no transposes around cuDNN's
     tensor-core convolutions); ``power_limit_w`` runs the GPUs under that board power limit
-    (nvidia-smi -pl), which lowers their clocks under dense matrix work."""
+    (nvidia-smi -pl), which lowers their clocks under dense matrix work; ``compile`` runs
+    the model under torch.compile (TorchInductor's fused kernels, no per-op Python)."""
     if power_limit_w is not None:
         gpu = limited_device(gpu, system, power_limit_w)
-    framework = load_stack(stack).with_attention(attention)
+    framework = load_stack(stack).with_attention(attention).with_compile(compile)
     net = apply_stack(resolve_model(model, seq_len), framework)
     if channels_last:
         net = replace_layers(net, lambda la: replace(la, channels_last=True)
@@ -341,6 +344,7 @@ def build_job(
                              schedule=schedule, virtual_stages=virtual_stages, zero=zero,
                              stage_blocks=tuple(pp_layers), shard_group=shard_group,
                              sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
+                             ep_overlap=ep_overlap,
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, _precision(precision, topo.gpu),
                        optimizer, checkpointing,
@@ -420,6 +424,7 @@ def estimate(
     zero: int = 0,
     sequence_parallel: bool = False,
     tp_overlap: bool = False,
+    ep_overlap: bool = False,
     overlap_grad_reduce: bool = True,
     per_rank: bool = False,
     straggler: Straggler | None = None,
@@ -437,6 +442,7 @@ def estimate(
     lora_dropout: bool = False,
     channels_last: bool = False,
     power_limit_w: float | None = None,
+    compile: bool = False,
 ) -> TrainingEstimate:
     """Predict a training run of ``model`` on one ``gpu`` (a GPU or CPU profile), or on
     ``num_gpus`` GPUs of a ``system`` split by ``tp`` x ``cp`` x ``pp`` x ``dp`` (see
@@ -460,11 +466,12 @@ def estimate(
         virtual_stages=virtual_stages,
         pp_layers=pp_layers, shard_group=shard_group,
         zero=zero, sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
+        ep_overlap=ep_overlap,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
         stack=stack, attention=attention, fp8_recipe=fp8_recipe, offload=offload,
         finetune=finetune,
         lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
-        channels_last=channels_last, power_limit_w=power_limit_w)
+        channels_last=channels_last, power_limit_w=power_limit_w, compile=compile)
     n_steps = training_steps(job.model, batch_size, epochs=epochs, dataset_size=dataset_size,
                              tokens=tokens, steps=steps)
     if isinstance(job, ParallelJob):

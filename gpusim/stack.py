@@ -73,6 +73,12 @@ class Stack(BaseModel):
     # gradient: the 16-bit input, cast again in backward (torchao's float8), or its fp8
     # copy, one byte an element (Transformer Engine)
     fp8_saved_input: Literal["high", "fp8"] = "high"
+    # the model run under torch.compile (a run's setting, not the framework's: --compile):
+    # TorchInductor fuses the memory-bound ops between matrix products into generated kernels
+    compiled: bool = False
+    # under torch.compile, whether the framework compiles its loss too (torchtune does;
+    # torchtitan kept it eager): its kernels are then generated ones, launched from a graph
+    compile_loss: bool = False
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -92,10 +98,22 @@ class Stack(BaseModel):
                                 f"{', '.join(ATTENTION_KERNELS)}")
         return self.model_copy(update={"attention": kernel})
 
+    def with_compile(self, compiled: bool) -> Stack:
+        """This stack run under torch.compile (``compiled``) or eagerly."""
+        return self if compiled == self.compiled else self.model_copy(
+            update={"compiled": compiled})
+
     def describe(self) -> str:
         attention = ("attention as SDPA picks it" if self.attention == "auto"
                      else "unfused (math) attention" if self.attention == "math"
                      else f"{self.attention} attention")
+        if self.compiled:
+            return (f"{self.full_name} stack under torch.compile: {attention}; each block's "
+                    f"norms, activations, residual adds and casts fused by TorchInductor, "
+                    f"the head and loss eager (loss on "
+                    f"{'fp32' if self.loss == 'upcast' else '16-bit'} logits), gradients "
+                    f"{'freed' if self.zero_grad == 'to_none' else 'kept'} between steps, "
+                    f"{self.optimizer.replace('_', '-')} optimizer")
         return (f"{self.full_name} stack: {attention}, "
                 f"RMS norm {self.rms_norm.replace('_', ' ')}, "
                 f"grouped K/V {self.kv_heads}, SwiGLU {self.swiglu}, loss on "
@@ -145,6 +163,26 @@ def _read(path: Path) -> Stack:
         raise InvalidConfig(format_validation_error(str(path), exc)) from exc
 
 
+def runs_compiled(layer: Layer, stack: Stack) -> bool:
+    """Whether ``layer`` runs inside a compiled graph: a block's layer under --compile, and
+    the loss where the framework compiles it too."""
+    return stack.compiled and (bool(layer.block) or (
+        stack.compile_loss and isinstance(layer, CrossEntropy)))
+
+
+def _compiled(layer: Layer) -> Layer:
+    """A block's layer as TorchInductor runs it: the ops a norm is written as (an upcast,
+    its statistics, the scaling, the cast back) become one generated kernel that reads its
+    input and writes its output once; an activation of two inputs keeps only those. Layers
+    outside the blocks (embedding, final norm, head) stay eager: frameworks compile each
+    block (torchtitan's apply_compile), and the loss where they compile it. A compiled
+    loss still keeps its fp32 logits for backward (torchtune's Llama 3.2 3B under compile
+    peaks 8 GB lower with the loss chunked than without)."""
+    if isinstance(layer, Elementwise) and layer.op == "rms_norm":
+        return replace(layer, upcast="")
+    return layer
+
+
 def apply_stack(model: Model, stack: Stack) -> Model:
     """``model`` as ``stack`` writes its layers."""
     layers = tuple(_layer(la, stack) for la in model.layers)
@@ -152,14 +190,17 @@ def apply_stack(model: Model, stack: Stack) -> Model:
 
 
 def _layer(layer: Layer, stack: Stack) -> Layer:
-    if isinstance(layer, Elementwise) and layer.op == "rms_norm":
+    compiled = runs_compiled(layer, stack)
+    if compiled:
+        layer = _compiled(layer)
+    if isinstance(layer, Elementwise) and layer.op == "rms_norm" and not compiled:
         upcast = {"fused": "", "upcast": "cast_back", "upcast_fp32_weight": "fp32_weight"}
         return replace(layer, upcast=upcast[stack.rms_norm])
     if isinstance(layer, CrossEntropy):
         return replace(layer, upcast=stack.loss == "upcast", chunks=stack.loss_chunks,
                        chunk_rows=stack.loss_chunk_tokens)
     if isinstance(layer, Elementwise) and layer.op == "swiglu":
-        return replace(layer, saves=2 if stack.swiglu == "fused" else 3)
+        return replace(layer, saves=2 if stack.swiglu == "fused" or compiled else 3)
     if isinstance(layer, Attention):
         layer = replace(layer, expand_kv=stack.kv_heads == "expanded")
         if stack.attention == "math":

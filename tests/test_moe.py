@@ -85,6 +85,19 @@ def test_expert_parallelism_pays_its_all_to_alls() -> None:
     assert one.model_flops_per_step * 8 == pytest.approx(step.model_flops_per_step, rel=1e-4)
 
 
+def test_overlapped_all_to_alls_expose_only_what_compute_cannot_cover() -> None:
+    plain = estimate(_small_moe(), "h100-sxm", 8, precision="bf16", num_gpus=8, ep=8)
+    hidden = estimate(_small_moe(), "h100-sxm", 8, precision="bf16", num_gpus=8, ep=8,
+                      ep_overlap=True)
+    exposed = [r.step.breakdown_s["expert_parallel_comm"] for r in (plain, hidden)]
+    assert exposed[1] < exposed[0]
+    assert hidden.step.step_time_s < plain.step.step_time_s
+    assert "EP all-to-alls overlapped" in hidden.step.parallel
+    assert any("beside another microbatch's compute" in a for a in hidden.assumptions)
+    with pytest.raises(InvalidConfig, match="needs --ep > 1"):
+        build_job(_small_moe(), "h100-sxm", 8, precision="bf16", num_gpus=8, ep_overlap=True)
+
+
 @pytest.mark.parametrize(("model", "ep", "message"), [
     ("llama3-8b", 2, "no mixture of experts"),
     (None, 4, "do not split over EP 4"),

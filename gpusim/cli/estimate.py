@@ -141,6 +141,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "pp_layers": args.pp_layers or (), "shard_group": args.shard_group or 0,
         "sequence_parallel": args.sequence_parallel, "tp_overlap": args.tp_overlap,
+        "ep_overlap": args.ep_overlap,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce, "max_batch": args.max_batch,
         "pure_bf16": args.pure_bf16, "stack": args.stack, "attention": args.attention,
         "fp8_recipe": args.fp8_recipe,
@@ -148,6 +149,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "finetune": args.finetune, "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets, "lora_dropout": args.lora_dropout,
         "channels_last": args.channels_last, "power_limit_w": args.power_limit,
+        "compile": args.compile,
     }
 
 

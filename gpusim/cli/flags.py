@@ -98,6 +98,10 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="how the framework writes the layers (norms, grouped K/V, "
                            "SwiGLU): pytorch (default), hf-transformers, litgpt, torchtitan, "
                            "torchtune, megatron, or a stack YAML file (stacks/)")
+    tech.add_argument("--compile", action="store_true",
+                      help="run the model under torch.compile: TorchInductor fuses norms, "
+                           "activations, residual adds and casts into generated kernels, and "
+                           "the host launches them without per-op Python")
     tech.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
                       help="with --precision fp8 (linear layers only; attention, norms and "
                            "the head stay bf16): tensorwise (default; torchao), rowwise, "
@@ -169,6 +173,10 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="overlap tensor-parallel collectives with the products beside them, "
                            "in chunks (Megatron-LM's --tp-comm-overlap, PyTorch's async TP; "
                            "needs --sequence-parallel)")
+    many.add_argument("--ep-overlap", action="store_true",
+                      help="run expert-parallel all-to-alls beside another microbatch's "
+                           "compute (Megatron-LM's --overlap-moe-expert-parallel-comm; needs "
+                           "--ep > 1)")
     many.add_argument("--no-overlap-grad-reduce", action="store_true",
                       help="reduce data-parallel gradients after the backward pass, not "
                            "during it")

@@ -35,6 +35,7 @@ from gpusim.plan.autocast import (
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.offload import offload_seconds
 from gpusim.plan.recompute import checkpointed_blocks, policy_saved
+from gpusim.stack import runs_compiled
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
 from gpusim.workload.numerics import Numerics
@@ -218,10 +219,27 @@ def lower_step(layer: Layer, kind: StepKind, job: TrainingJob, prec: LayerPrecis
                ) -> list[Op]:
     """The kernels of one layer step (see microbatch_steps)."""
     if kind in ("forward", "recompute"):
-        return _forward_ops(layer, job, prec, kind)
-    if kind == "input_grad":
-        return [op.with_phase("backward") for op in _input_grad_ops(layer, job, prec)]
-    return [op.with_phase("backward") for op in _weight_grad_ops(layer, job, prec.numerics)]
+        ops = _forward_ops(layer, job, prec, kind)
+    elif kind == "input_grad":
+        ops = [op.with_phase("backward") for op in _input_grad_ops(layer, job, prec)]
+    else:
+        ops = [op.with_phase("backward") for op in _weight_grad_ops(layer, job, prec.numerics)]
+    return _as_compiled(ops) if runs_compiled(layer, job.framework) else ops
+
+
+# Kernels TorchInductor folds into the kernel that produces their input: autocast's cast of
+# an activation (or its gradient) to another type, and the amax a tensorwise fp8 scale
+# takes of an activation or an output gradient (a weight's, a graph input, stays its own).
+_FUSED_INTO_PRODUCER = (".cast_input", ".cast_input_grad", ".x.amax", ".dy.amax")
+
+
+def _as_compiled(ops: list[Op]) -> list[Op]:
+    """A block's layer step's kernels under torch.compile: the casts and reductions above folded
+    into their producers, and the memory-bound kernels left run as Inductor generates
+    them, at the device's achieved bandwidth (family ``compiled``; eager PyTorch's norm
+    and activation kernels reach less, calibration's kernel_factors)."""
+    return [replace(op, family="compiled") if op.kind == "memory" else op
+            for op in ops if not op.name.endswith(_FUSED_INTO_PRODUCER)]
 
 
 def microbatch_ops(job: TrainingJob) -> list[Op]:
@@ -300,17 +318,20 @@ def layer_kind(layer: Layer) -> str:
             CrossEntropy: "cross_entropy"}.get(type(layer), type(layer).__name__.lower())
 
 
-def _python_overheads(kernels: list[Kernel], cal: Calibration,
-                      kinds: dict[str, str]) -> tuple[Kernel, ...]:
+def _python_overheads(kernels: list[Kernel], cal: Calibration, kinds: dict[str, str],
+                      compiled: set[str] | frozenset[str] = frozenset()
+                      ) -> tuple[Kernel, ...]:
     """Host time outside any op: calling each layer's module in forward (and its ops that
-    launch nothing), its autograd nodes in backward, and entering the autograd engine once
-    per backward pass (each charged to the layer's or pass's first kernel)."""
+    launch nothing), its autograd nodes in backward (neither for the ``compiled`` layers), and
+    entering the autograd engine once per backward pass (each charged to the layer's or
+    pass's first kernel)."""
     seen: set[tuple[str, str]] = set()
     out = []
     backward_started = False
     for k in kernels:
         extra = 0.0
-        if k.phase in ("forward", "recompute", "backward") and (k.phase, k.layer) not in seen:
+        if (k.phase in ("forward", "recompute", "backward") and (k.phase, k.layer) not in seen
+                and k.layer not in compiled):
             seen.add((k.phase, k.layer))
             extra += cal.overhead.layer_call_us(kinds.get(k.layer, ""), k.phase)
         if k.phase == "backward" and not backward_started:
@@ -326,10 +347,15 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     cal = calibration or calibration_for(job.device)
     host_s = host_cost(job.device, cal)
     training_host_s = host_cost(job.device, cal, autograd=True)
+    # A compiled block's wrapper launches its kernels one after another: no per-op
+    # dispatch, autograd node or module call in Python, only each launch.
+    compiled = {la.name for la in job.model.layers if runs_compiled(la, job.framework)}
+    launch_s = units.us(cal.overhead.launch_us)
     ops = microbatch_ops(job)
     kinds = {layer.name: layer_kind(layer) for layer in job.model.layers}
-    micro = _python_overheads([_to_kernel(op, job, cal, training_host_s) for op in ops], cal,
-                              kinds)
+    micro = _python_overheads(
+        [_to_kernel(op, job, cal, launch_s if op.layer in compiled else training_host_s)
+         for op in ops], cal, kinds, compiled)
     opt_ops = optimizer_ops(job)
     opt = tuple(_to_kernel(op, job, cal, host_s) for op in opt_ops)
     if opt and job.offload != "none" and isinstance(job.device, GPUProfile):

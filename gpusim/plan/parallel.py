@@ -40,6 +40,7 @@ from gpusim.plan.offload import offload_seconds
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
 from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
+from gpusim.stack import Stack, runs_compiled
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
 from gpusim.workload.moe import ep_collectives
@@ -200,7 +201,11 @@ def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Ca
             cp_comm += collective_seconds(collective, cp_group, size)
         for collective, size in ep_collectives(layers[name], phase, n, act):
             ep_comm += collective_seconds(collective, ep_group, size)
-    host = _host_seconds(ops, layers, cal, host_per_op)
+    if p.ep_overlap:
+        # the other microbatch's compute runs while these all-to-alls are in flight; this
+        # pass's compute stands for it (pipeline warm-up and cool-down have no partner)
+        ep_comm = max(0.0, ep_comm - compute)
+    host = _host_seconds(ops, layers, cal, host_per_op, job.whole.framework)
     queue = queue or Queue()
     lead = max(0.0, queue.done - queue.dispatched)
     return Work(compute, recompute, comm, sum(host), flops, len(ops), active, cp_comm,
@@ -230,15 +235,20 @@ class Queue:
 
 
 def _host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
-                  host_per_op: float) -> list[float]:
+                  host_per_op: float, stack: Stack | None = None) -> list[float]:
     """What the host spends dispatching each op of a pass, as the single-device lowering
-    charges it: the op's dispatch, and at a layer's first op its Python and autograd nodes,
-    and at the pass's first backward op the backward() call."""
+    charges it: the op's dispatch, and at a layer's first op its Python and autograd nodes
+    (a compiled block's kernels: their launch alone), and at the pass's first backward op
+    the backward() call."""
     o = cal.overhead
     seen: set[tuple[str, str]] = set()
     started = False
     out = []
     for layer, _, phase, _, _, _, extra in ops:
+        if stack is not None and layer in layers and runs_compiled(layers[layer], stack):
+            # a compiled block: each kernel launched from its graph, no Python per op
+            out.append(units.us(o.launch_us) + extra)
+            continue
         host = host_per_op + extra
         if layer in layers and (phase, layer) not in seen:
             seen.add((phase, layer))
@@ -388,8 +398,9 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     # Everything of the job that changes how a chunk's layers lower and cost (the model,
     # cluster and stack are the same for every job that shares a cache).
     shape = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel,
-             p.tp_overlap, job.precision, job.checkpointing, job.master_weights, job.fsdp,
-             job.pure_bf16, job.fp8_recipe, job.quantized_base, job.adapters_only, cal.name)
+             p.tp_overlap, p.ep_overlap, job.precision, job.checkpointing,
+             job.master_weights, job.fsdp, job.pure_bf16, job.fp8_recipe,
+             job.quantized_base, job.adapters_only, cal.name, job.whole.framework.compiled)
     plans, keys = [], []
     for index, (layers, signature) in enumerate(zip(layer_chunks, signatures, strict=True)):
         # Middle chunks hold identical blocks under different names: cost one of each shape.

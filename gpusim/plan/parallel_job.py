@@ -69,6 +69,10 @@ class ParallelConfig:
     # Tensor-parallel collectives split into chunks and run beside the products they feed or
     # follow (Megatron-LM's --tp-comm-overlap, PyTorch's async TP); needs sequence parallelism
     tp_overlap: bool = False
+    # Expert-parallel all-to-alls of one microbatch run on their own stream beside another
+    # microbatch's compute (Megatron-LM's --overlap-moe-expert-parallel-comm, its combined
+    # 1F1B schedule): what a pass's compute cannot cover stays exposed
+    ep_overlap: bool = False
 
     @property
     def shard_ranks(self) -> int:
@@ -126,6 +130,9 @@ class ParallelConfig:
         if self.tp_overlap and not self.sequence_parallel:
             raise InvalidConfig("--tp-overlap overlaps sequence parallelism's gathers and "
                                 "reduce-scatters: it needs --sequence-parallel (and --tp > 1)")
+        if self.ep_overlap and self.expert == 1:
+            raise InvalidConfig("--ep-overlap overlaps expert-parallel all-to-alls: it needs "
+                                "--ep > 1 (and a mixture-of-experts model)")
         if self.sequence_parallel and self.tensor == 1:
             raise InvalidConfig("sequence parallelism splits along tensor-parallel ranks; it "
                                 "needs --tp > 1")
@@ -174,6 +181,8 @@ class ParallelConfig:
             text += ", sequence parallel"
         if self.tp_overlap:
             text += ", TP comm overlapped"
+        if self.ep_overlap:
+            text += ", EP all-to-alls overlapped"
         return text
 
 

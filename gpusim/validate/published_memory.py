@@ -3,8 +3,8 @@ prediction of each.
 
 The figures are validation only, never fitted. Each case is turned into the job it
 describes, written as its framework writes the layers (its stack);
-a case that needs what gpusim does not model yet (torch.compile, context parallelism,
-CPU offload, FP8 recipes, Adafactor, a model outside the zoo's families) is listed with the
+a case that needs what gpusim does not model yet (context parallelism, CPU or activation
+offload, FP8 recipes, Adafactor, a model outside the zoo's families) is listed with the
 reason instead of being forced into a job it is not. A figure is compared with what it
 measured: ``allocated`` with the allocated peak, ``reserved`` (and ``unknown``: frameworks
 print the reserved peak) with the caching allocator's reserved peak, ``nvidia-smi`` with the
@@ -28,6 +28,7 @@ from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan
 from gpusim.plan.memory_report import peak_plan
+from gpusim.stack import Stack, load_stack
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -36,7 +37,7 @@ CASES_FILE = data_dir("published") / "peak_memory.yaml"
 
 # GPU names as the sources write them -> (profile, memory GiB when it differs)
 GPUS: list[tuple[str, str, float | None]] = [
-    ("H100 SXM 96GB", "h100-sxm", 96.0), ("H100 96GB", "h100-sxm", 96.0),
+    ("H100 SXM 96GB", "h100-sxm-96gb", None), ("H100 96GB", "h100-sxm-96gb", None),
     ("H200", "h200", None), ("A100-SXM4-40GB", "a100-40gb", None),
     ("A100 80GB", "a100-80gb", None), ("A800", "a100-80gb", None),
     ("V100-SXM2 16GB", "v100-sxm2-16gb", None), ("A10G", "a10", None),
@@ -104,13 +105,13 @@ def _unsupported(row: dict[str, Any]) -> str:
         (bool(row.get("excluded")), str(row.get("excluded", ""))),
         ("phi" in str(m.get("name", "")).lower(), "Phi's parallel-residual block (one norm "
                                                   "for attention and MLP) is not built"),
-        (t.get("torch_compile"), "torch.compile (its fusions keep fewer tensors) is not "
-                                 "modelled"),
         (_method(row)[0] not in ("full", "lora", "qlora"), "the fine-tuning method is not "
                                                              "one gpusim models"),
         (int(p.get("cp") or 1) > 1 or "CP" in str(p.get("zero_stage_or_fsdp", "")),
          "context parallelism is not modelled"),
         (p.get("cpu_offload") or "offload" in opt, "CPU offload is not modelled"),
+        (t.get("activation_offloading") is True, "activation offloading (saved tensors moved "
+                                                 "to the host) is not modelled"),
         ("float8" in str(t.get("precision", "")), "FP8 training recipes are not modelled "
                                                   "(issue 15)"),
         ("adafactor" in opt, "Adafactor is not modelled"),
@@ -185,13 +186,17 @@ def _job(row: dict[str, Any]) -> Any:
         1 if "ZERO-1" in sharding else 2 if "ZERO-2" in sharding else 0
     method, rank, targets = _method(row)
     framework = str(row.get("framework", "")).lower()
-    stack = next((st for text, st in STACKS if text in framework), "pytorch")
+    name = next((st for text, st in STACKS if text in framework), "pytorch")
+    stack: str | Stack = name
+    if "standard" in str(t.get("loss", "")):  # the recipe's loss set to plain cross-entropy
+        stack = load_stack(name).model_copy(update={"loss_chunks": 1})
     options: dict[str, Any] = {
         "precision": precision, "optimizer": optimizer, "checkpointing": recompute,
         "pure_bf16": "pure" in precision_text, "loader_workers": 0, "stack": stack,
+        "compile": t.get("torch_compile") is True,
         "finetune": method, "lora_rank": rank or 8, "lora_targets": targets,
         # LitGPT's LoRA recipes default to an adapter dropout of 0.05 (finetune/lora.py)
-        "lora_dropout": method != "full" and stack.startswith("litgpt")}
+        "lora_dropout": method != "full" and name.startswith("litgpt")}
     model, gpu = _model(m), _gpu(row["hardware"]["gpu"])
     assert model is not None and gpu is not None  # _unsupported checked both
     accum = int(t.get("grad_accum") or 1)

@@ -4,7 +4,7 @@ Each case is written as the run was configured: its model's dimensions, GPUs, ba
 sequence, FSDP/TP/PP split, recompute mode, precision and FP8 recipe, and the framework's
 stack. What gpusim does not model is said per case and the case is either skipped (context
 parallelism) or predicted as the nearest thing it models and flagged
-(torch.compile runs are predicted eager). Validation only: nothing here is fitted.
+(torch.compile runs are predicted compiled). Validation only: nothing here is fitted.
 """
 
 from __future__ import annotations
@@ -144,22 +144,25 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         micro * dp * (accum if isinstance(accum, int) else 1)
     precision = "fp8" if str(t["precision"]).startswith("fp8") else "bf16"
     flags = []
-    if t.get("torch_compile") is True:
-        flags.append("torch.compile (predicted eager)")
+    compiled = t.get("torch_compile") is True
     if not isinstance(stated, int):
         flags.append("global batch not stated: one microbatch per step assumed")
-    async_tp = "async tp on" in str(t.get("other", "")).lower()
+    other = str(t.get("other", "")).lower()
+    # PyTorch's async TP, or Megatron's TP communication overlap (TE userbuffers)
+    async_tp = "async tp on" in other or "tp communication overlap" in other
     stack = _stack(case)
     kwargs: dict[str, Any] = {
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
         "tp": tp, "pp": pp, "cp": cp, "ep": ep, "microbatch_size": micro,
         "optimizer": "adamw", "checkpointing": _recompute(t, flags),
-        "stack": stack, "fp8_recipe": "tensorwise",
+        "stack": stack, "fp8_recipe": "tensorwise", "compile": compiled,
         "zero": 3 if int(p.get("dp_shard", 1)) > 1 else 1,
     }
     if int(p.get("dp_shard", 1)) > 1 and int(p.get("dp_replicate", 1)) > 1:
         kwargs["shard_group"] = int(p["dp_shard"])  # hybrid sharding (HSDP)
+    if ep > 1 and ("a2a_overlap true" in other or "a2a_overlap" in case["id"]):
+        kwargs["ep_overlap"] = True  # Megatron's --overlap-moe-expert-parallel-comm
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
         kwargs["tp_overlap"] = async_tp
