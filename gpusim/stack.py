@@ -26,7 +26,7 @@ from gpusim.workload.layers import Elementwise, Layer
 from gpusim.workload.model import Model
 
 DEFAULT_STACK = "pytorch"
-AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "math"]
+AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "triton", "math"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention",
            "weights", "fp8_saved_input")

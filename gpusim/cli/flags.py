@@ -109,7 +109,8 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                            "cast and scale kernels")
     tech.add_argument("--attention", choices=ATTENTION_KERNELS,
                       help="attention kernel: auto (SDPA's choice on the GPU; the stack's "
-                           "default), flash2 (FlashAttention-2), cudnn, efficient, or math "
+                           "default), flash2 (FlashAttention-2), cudnn, efficient, triton "
+                           "(FlashAttention's Triton kernel, llm-foundry's), or math "
                            "(unfused: the seq x seq scores in memory)")
     tech.add_argument("--finetune", default="full", choices=("full", "lora", "qlora"),
                       help="full (default), or LoRA adapters on a frozen base (qlora: the "

@@ -28,7 +28,7 @@ from gpusim.hardware.catalog import read_yaml
 from gpusim.measure import results
 
 # Backends whose kernels gpusim models, by the names the micro suite gives SDPA's backends.
-SDPA_BACKENDS = ("flash", "efficient", "cudnn")
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "triton")
 # Each bandwidth kernel (as BabelStream and STREAM name them) as the micro-suite elementwise
 # op that makes the same passes: (op, arrays it reads, the op's operand in arrays). Bytes
 # moved are every array read plus every array written, once each.

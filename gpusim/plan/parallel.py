@@ -24,7 +24,7 @@ from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.profile import DeviceProfile
-from gpusim.plan.autocast import layer_precisions
+from gpusim.plan.autocast import layer_precisions, runs_in_fp8
 from gpusim.plan.context_parallel import cp_collectives, split_sequence
 from gpusim.plan.expert_parallel import expert_share, fold_experts, hold_experts
 from gpusim.plan.job import TrainingJob
@@ -44,7 +44,7 @@ from gpusim.stack import Stack, runs_compiled
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
 from gpusim.workload.moe import ep_collectives
-from gpusim.workload.ops import Op
+from gpusim.workload.ops import DTYPE_BYTES, Op
 
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
 # the backward pass produces them.
@@ -164,8 +164,12 @@ def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[C
 
 
 def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
-          host_per_op: float, act: int, queue: Queue | None = None) -> Work:
-    """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it."""
+          host_per_op: float, act: int, queue: Queue | None = None,
+          fp8: frozenset[str] = frozenset()) -> Work:
+    """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it.
+    A column-parallel layer that computes in fp8 (``fp8``) gathers its input already cast:
+    one byte an element (torchao's Float8ColwiseParallel casts before the all-gather, as
+    Transformer Engine gathers its fp8 norm output)."""
     n = job.parallel.microbatch_size
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
     cp_group = job.topology.place(job.parallel.context, stride=job.parallel.tensor)
@@ -190,6 +194,9 @@ def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Ca
     for phase, name in passes:
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
                                                        p.sequence_parallel, p.tp_overlap):
+            if (name in fp8 and phase == "forward" and collective == "all_gather"
+                    and isinstance(layers[name], Linear)):
+                size = size * DTYPE_BYTES["fp8"] / act
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             if p.tp_overlap and beside:
@@ -358,8 +365,10 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...
     bwd = [op for op in ops if op[2] != "forward"]
     act = stage_job.numerics().act_bytes
     queue = Queue()  # a microbatch's backward follows its forward on the same host
-    forward = _work(fwd, by_name, job, cal, host_per_op, act, queue)
-    backward = _work(bwd, by_name, job, cal, host_per_op, act, queue)
+    fp8 = (frozenset(la.name for la in layers if runs_in_fp8(la, stage_job))
+           if stage_job.numerics().matmul == "fp8" else frozenset())
+    forward = _work(fwd, by_name, job, cal, host_per_op, act, queue, fp8)
+    backward = _work(bwd, by_name, job, cal, host_per_op, act, queue, fp8)
     out = float(layers[-1].out_elements * job.parallel.microbatch_size * act)
     if job.parallel.sequence_parallel:
         out /= job.parallel.tensor  # stages exchange the sequence-split hidden states
