@@ -76,6 +76,24 @@ def test_gpt2_and_bert_configs_match_the_zoo_models() -> None:
         [la.name for la in zoo_bert.layers if not la.name.endswith("dropout")]
 
 
+def test_vit_and_clip_vision_configs_build_image_transformers() -> None:
+    # google/vit-large-patch16-224 config.json fields (its classifier over 1000 labels)
+    vit_l = {"model_type": "vit", "hidden_size": 1024, "num_hidden_layers": 24,
+             "num_attention_heads": 16, "intermediate_size": 4096, "image_size": 224,
+             "patch_size": 16, "num_channels": 3, "hidden_act": "gelu",
+             "id2label": {str(i): f"c{i}" for i in range(1000)}}
+    model = model_from_dict(vit_l, "vit.json")
+    assert model.parameters == zoo.get("vit-l16").parameters  # 304.3M (torchvision vit_l_16)
+    # openai/clip-vit-large-patch14's vision_config: 14-pixel patches, quick GELU
+    clip = {"model_type": "clip_vision_model", "hidden_size": 1024, "num_hidden_layers": 24,
+            "num_attention_heads": 16, "intermediate_size": 4096, "image_size": 224,
+            "patch_size": 14, "hidden_act": "quick_gelu", "projection_dim": 768}
+    tower = model_from_dict(clip, "clip.json")
+    patches = next(la for la in tower.layers if la.name == "embed.patches")
+    assert patches.params == 3 * 14 * 14 * 1024 + 1024
+    assert "contrastive loss are not modelled" in tower.description
+
+
 def test_gemma_is_a_tied_gated_gelu_model() -> None:
     # google/gemma-7b config.json: head_dim 256 (16 heads over a 3072 hidden size).
     cfg = {"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576,
@@ -98,6 +116,7 @@ def test_gemma_is_a_tied_gated_gelu_model() -> None:
     ({**LLAMA3_8B, "model_type": "mixtral", "num_experts_per_tok": 2},
      "num_local_experts is missing"),
     ({"model_type": "mamba", "hidden_size": 768}, "unknown model_type 'mamba'"),
+    ({"model_type": "clip", "vision_config": {}}, "a vision and text pair"),
     ({"hidden_size": 768}, "expected a 'transformer' mapping"),
     ({**LLAMA3_8B, "num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
     ({**LLAMA3_8B, "num_hidden_layers": 32.5}, "num_hidden_layers must be a positive"),

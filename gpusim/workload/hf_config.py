@@ -46,12 +46,13 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
                   "note": "per-head q/k RMS norms not modelled"},
 }
 _OTHERS = ("gpt2", "gpt_neox", "bert", "roberta")
+_VISION = ("vit", "clip_vision_model")  # image transformers: patches and a class token
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")  # MLA attention, dense first blocks, experts
 _NOT_YET = {
-    "t5": "an encoder-decoder", "vit": "a vision transformer", "clip_vision_model":
-    "a vision transformer", "clip": "a vision and text pair",
+    "t5": "an encoder-decoder", "clip": "a vision and text pair (give its vision_config as "
+    "a clip_vision_model config to build the image tower)",
 }
-SUPPORTED = (*_LLAMA_LIKE, *_DEEPSEEK, *_OTHERS)
+SUPPORTED = (*_LLAMA_LIKE, *_DEEPSEEK, *_OTHERS, *_VISION)
 
 # The sequence length a config runs at unless told: its context, up to this (long-context
 # models train most tokens at 4-8K and extend the context at the end).
@@ -250,6 +251,22 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
             tied_embeddings=f.flag("tie_word_embeddings", False), bias=True)
         note = ("attention and MLP in parallel (use_parallel_residual) are costed one after "
                 "the other" if f.flag("use_parallel_residual", True) else "")
+    elif kind in _VISION:
+        labels = data.get("id2label")
+        classes = len(labels) if isinstance(labels, dict) and len(labels) > 2 else 1000
+        fields.update(
+            layers=f.need("num_hidden_layers"), hidden=f.need("hidden_size"),
+            heads=f.need("num_attention_heads"), ffn_hidden=f.need("intermediate_size"),
+            kind="vision", image_size=f.count("image_size", default=224),
+            patch_size=f.count("patch_size", default=16),
+            channels=f.count("num_channels", default=3), classes=classes,
+            norm="layernorm", positions="learned", tied_embeddings=False,
+            activation=_activation(f.text("hidden_act", default="gelu"), False, source),
+            bias=True)
+        note = (f"classified over {classes} classes"
+                + ("" if kind == "vit" else "; CLIP's pre-encoder norm, projection and "
+                   "contrastive loss are not modelled (the image tower is, with a "
+                   "classifier head in their place)"))
     else:  # bert, roberta: encoders with learned positions and token types
         fields.update(
             layers=f.need("num_hidden_layers"), hidden=f.need("hidden_size"),
