@@ -177,7 +177,7 @@ class TrainingJob:
     def is_trainable(self, layer_name: str) -> bool:
         if self.adapters_only and not layer_name.endswith(LORA_SUFFIX):
             return False
-        return not any(in_prefix(layer_name, p) for p in self.frozen)
+        return not self.frozen or not any(in_prefix(layer_name, p) for p in self.frozen)
 
     def trains_weights(self, layer: Layer) -> bool:
         """Whether backward computes ``layer``'s weight gradient: it has weights, its own or

@@ -251,15 +251,22 @@ def _host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
     seen: set[tuple[str, str]] = set()
     started = False
     out = []
+    compiled = ({name for name, la in layers.items() if runs_compiled(la, stack)}
+                if stack is not None and stack.compiled else set())
+    launch = units.us(o.launch_us)
+    calls: dict[tuple[str, str], float] = {}
     for layer, _, phase, _, _, _, extra in ops:
-        if stack is not None and layer in layers and runs_compiled(layers[layer], stack):
+        if layer in compiled:
             # a compiled block: each kernel launched from its graph, no Python per op
-            out.append(units.us(o.launch_us) + extra)
+            out.append(launch + extra)
             continue
         host = host_per_op + extra
-        if layer in layers and (phase, layer) not in seen:
+        if (phase, layer) not in seen and layer in layers:
             seen.add((phase, layer))
-            host += units.us(o.layer_call_us(layer_kind(layers[layer]), phase))
+            kind = (layer_kind(layers[layer]), phase)
+            if kind not in calls:
+                calls[kind] = units.us(o.layer_call_us(*kind))
+            host += calls[kind]
         if phase == "backward" and not started:
             started = True
             host += units.us(o.backward_call_us)
