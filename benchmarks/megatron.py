@@ -17,7 +17,8 @@ from gpusim.validate.megatron import CASES, predict
 
 SHORT = {"forward": "fwd", "backward": "bwd", "recompute": "rec", "tensor_parallel_comm": "tp",
          "pipeline_bubble": "bubble", "pipeline_comm": "p2p", "data_parallel_comm": "dp",
-         "optimizer": "opt"}
+         "optimizer": "opt", "comm_slowdown": "slow", "context_parallel_comm": "cp",
+         "expert_parallel_comm": "ep", "host_dispatch": "host", "input_pipeline": "input"}
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         errors.append(abs(pred.error))
         step = pred.step
-        parts = " ".join(f"{SHORT[k]} {100 * v / step.step_time_s:.0f}"
+        parts = " ".join(f"{SHORT.get(k, k)} {100 * v / step.step_time_s:.0f}"
                          for k, v in step.breakdown_s.items() if v >= 0.005 * step.step_time_s)
         unit = "TF/s" if case.metric == "tflops_per_gpu" else "ms"
         split = f"{case.tp}x{case.pp}x{case.dp}"

@@ -10,6 +10,7 @@ from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.autocast import autocasts
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.parallel_job import ParallelJob
+from gpusim.sim.pipeline import COMM_SLOWDOWN
 from gpusim.sim.ranks import Straggler, rank_coords
 from gpusim.stack import Stack
 from gpusim.workload.layers import Conv2d
@@ -57,7 +58,7 @@ def _simulated_ranks(job: ParallelJob, per_rank: bool, straggler: Straggler | No
 
 def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool = False,
                           straggler: Straggler | None = None,
-                          comm_slowdown: float = 0.0) -> list[str]:
+                          comm_slowdown: float | None = None) -> list[str]:
     p, topo = job.parallel, job.topology
     num = job.whole.numerics()
     out = [f"{topo.num_gpus} GPUs on {topo.num_nodes} node(s) of {topo.system.full_name}"
@@ -107,9 +108,15 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
                    "and cool-down taken as overlapped too)" if p.ep_overlap else
                    "expert-parallel all-to-alls (dispatch and combine) on the critical path "
                    "(--ep-overlap runs them beside another microbatch's compute)")
-    slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel collective "
-                "runs beside them" if comm_slowdown else
-                "no compute slowdown from communication kernels (--comm-slowdown)")
+    if comm_slowdown is None:
+        slowdown = (f"kernels {100 * COMM_SLOWDOWN:g}% slower while a data-parallel "
+                    f"collective runs beside them (the average measured in arXiv 2507.03114; "
+                    f"--comm-slowdown)")
+    elif comm_slowdown:
+        slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel "
+                    f"collective runs beside them")
+    else:
+        slowdown = "no compute slowdown from communication kernels (--comm-slowdown 0)"
     node_links = ("tensor- and data-parallel traffic share a GPU's links inside a "
                   "node" if job.topology.peers_share_links else
                   "tensor- and data-parallel peers have links of their own (mesh)")

@@ -148,10 +148,11 @@ PER_RANK_PASSES = 50_000
 def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = None, *,
                            trace: bool = True, per_rank: bool = False,
                            straggler: Straggler | None = None,
-                           comm_slowdown: float = 0.0) -> StepResult:
+                           comm_slowdown: float | None = None) -> StepResult:
     """Simulate one step of a multi-GPU job (raises OutOfMemory if a stage does not fit);
     ``per_rank`` simulates every data-parallel replica, a ``straggler`` slows one rank,
-    ``comm_slowdown`` slows kernels while a data-parallel collective runs beside them."""
+    ``comm_slowdown`` slows kernels while a data-parallel collective runs beside them
+    (None: the published average, gpusim.sim.pipeline.COMM_SLOWDOWN)."""
     plan = plan_parallel(job, calibration)
     mems = [stage_memory(plan, stage) for stage in plan.stages]
     check_fits_parallel(job, mems)
@@ -429,7 +430,7 @@ def estimate(
     per_rank: bool = False,
     straggler: Straggler | None = None,
     usd_per_gpu_hour: float | None = None,
-    comm_slowdown: float = 0.0,
+    comm_slowdown: float | None = None,
     max_batch: bool = False,
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
@@ -480,7 +481,7 @@ def estimate(
         device: DeviceProfile = job.topology.gpu
         assumptions = parallel_assumptions(job, assumed, per_rank, straggler, comm_slowdown)
     else:
-        if per_rank or straggler is not None or comm_slowdown:
+        if per_rank or straggler is not None or comm_slowdown is not None:
             raise InvalidConfig("--per-rank, --straggler, --slow-link and --comm-slowdown "
                                 "apply to multi-GPU jobs (give --num-gpus)")
         device = job.device

@@ -10,8 +10,9 @@ from gpusim.validate.published_throughput import load_cases, predict_case, summa
 # Set from what was measured (2026-11-23: 12 cases, mean absolute 36.2%, all too fast; then
 # 13 cases, 32.8%, with Ampere fitted on published kernels and the first MoE row; then 27
 # cases, 26.4%, with torch.compile runs modelled compiled and power limits; then 18.9% with
-# llm-foundry's Triton attention costed); only ever tightened.
-EAGER_MAPE_BUDGET = 0.21
+# llm-foundry's Triton attention costed; 17.0% with the published compute slowdown beside
+# communication); only ever tightened.
+EAGER_MAPE_BUDGET = 0.19
 
 
 def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:

@@ -58,6 +58,8 @@ def load_cases(*paths: Path) -> list[dict[str, Any]]:
 
 def _gpu(text: str) -> DeviceProfile:
     low = text.lower()
+    if "mi325x" in low:
+        return load_gpu("mi325x")
     if "mi300x" in low:
         return load_gpu("mi300x")
     if "h200" in low:
@@ -107,8 +109,6 @@ def _not_modelled(case: dict[str, Any]) -> str:
         return "multi-head latent attention (MLA) without its dimensions"
     if "sliding" in str(m.get("attention", "")).lower() and not _window(m):
         return "sliding-window attention without its window size"
-    if "mi325x" in str(case["hardware"]["gpu"]).lower():
-        return "no MI325X profile"
     if not str(t.get("precision", "")).startswith(("bf16", "fp8")):
         return "precision not stated"
     if not isinstance(t.get("seq_len"), int):
