@@ -1,7 +1,8 @@
 """The model zoo: named models people train, with published parameter counts.
 
 ``get(name)`` builds a model; ``names()`` lists them. Transformers take an optional
-``seq_len`` that overrides their default context.
+``seq_len`` that overrides their default context; image models (the ImageNet CNNs, vision
+transformers and the DiT diffusion transformers) an optional ``image_size``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from gpusim.data import data_dir
 from gpusim.errors import UnknownModel
 from gpusim.workload.model import Model
+from gpusim.workload.zoo.dit import DITS, DiTConfig, build_dit
 from gpusim.workload.zoo.transformer import TRANSFORMERS, TransformerConfig, build_transformer
 from gpusim.workload.zoo.vision import alexnet, mnist_cnn, mnist_mlp, resnet50, vgg16
 
@@ -27,7 +29,8 @@ _VISION: dict[str, Callable[..., Model]] = {
 # (llama-3-8b, llama-3-70b and llama-2-7b are the shipped configs' names, the same models
 # as llama3-8b, llama3-70b and llama2-7b built from their dimensions.)
 _ALIASES = {"resnet-50": "resnet50", "rn50": "resnet50", "vgg-16": "vgg16",
-            "gpt2-small": "gpt2", "gpt-2": "gpt2", "gpt-3": "gpt3-175b", "gpt3": "gpt3-175b"}
+            "gpt2-small": "gpt2", "gpt-2": "gpt2", "gpt-3": "gpt3-175b", "gpt3": "gpt3-175b",
+            **{f"dit-{c.size.lower()}/{c.patch}": name for name, c in DITS.items()}}
 
 
 @lru_cache(maxsize=1)
@@ -37,18 +40,19 @@ def shipped_configs() -> dict[str, Path]:
     if not folder.is_dir():
         return {}
     return {p.stem: p for p in sorted(folder.glob("*.yaml"))
-            if p.stem not in _VISION and p.stem not in TRANSFORMERS}
+            if p.stem not in _VISION and p.stem not in TRANSFORMERS and p.stem not in DITS}
 
 
 def names() -> list[str]:
-    """Every zoo model name: vision, then transformers, then the shipped configs."""
-    return [*_VISION, *TRANSFORMERS, *shipped_configs()]
+    """Every zoo model name: vision, transformers, diffusion transformers, then the shipped
+    configs."""
+    return [*_VISION, *TRANSFORMERS, *DITS, *shipped_configs()]
 
 
 def _resolve(name: str) -> str:
     key = name.lower().strip()
     key = _ALIASES.get(key, key)
-    if key in _VISION or key in TRANSFORMERS or key in shipped_configs():
+    if key in _VISION or key in TRANSFORMERS or key in DITS or key in shipped_configs():
         return key
     close = difflib.get_close_matches(key, names() + list(_ALIASES), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(_ALIASES.get(c, c) for c in close)}?" if close else ""
@@ -68,23 +72,30 @@ def _vision_transformers() -> list[str]:
     return [name for name, cfg in TRANSFORMERS.items() if cfg.kind == "vision"]
 
 
+def _resizable() -> str:
+    return ", ".join((*_RESIZABLE, *_vision_transformers(), *DITS))
+
+
 def get(name: str, seq_len: int | None = None, image_size: int | None = None) -> Model:
     """Build zoo model ``name``; ``seq_len`` applies to transformers, ``image_size`` (square
-    input, default 224) to the ImageNet CNNs."""
+    input, default 224; 256 for the DiT models, whose latent is an eighth of it) to the
+    image models."""
     key = _resolve(name)
     if key in _VISION:
         if image_size is None:
             return _VISION[key]()
         if key not in _RESIZABLE:
             raise UnknownModel(f"{key} has a fixed input size; image_size applies to "
-                               f"{', '.join(_RESIZABLE)}")
+                               f"{_resizable()}")
         return _VISION[key](image_size)
+    if key in DITS:  # a sequence length does not apply: the tokens follow the image
+        return build_dit(DITS[key], image_size)
     if key in TRANSFORMERS:
         cfg = TRANSFORMERS[key]
         if image_size is not None:
             if cfg.kind != "vision":
                 raise UnknownModel(f"{key} takes no image size; image_size applies to "
-                                   f"{', '.join((*_RESIZABLE, *_vision_transformers()))}")
+                                   f"{_resizable()}")
             cfg = cfg.model_copy(update={"image_size": image_size})
         return build_transformer(cfg, seq_len)
     from gpusim.workload.formats import load_model_file  # formats reads the zoo too
@@ -92,4 +103,5 @@ def get(name: str, seq_len: int | None = None, image_size: int | None = None) ->
     return load_model_file(shipped_configs()[key], seq_len)
 
 
-__all__ = ["TransformerConfig", "build_transformer", "get", "names", "transformer_config"]
+__all__ = ["DiTConfig", "TransformerConfig", "build_dit", "build_transformer", "get", "names",
+           "transformer_config"]
