@@ -160,10 +160,11 @@ def single_assumptions(job: TrainingJob) -> list[str]:
         out.append(f"{job.grad_accum} microbatches: 2 simulated in detail, the rest repeat the "
                    "last")
     if job.framework.compiled:
-        out.append("torch.compile (TorchInductor, default mode): norms, activations, residual "
-                   "adds, casts and fp8 scale reductions fused into generated kernels at the "
-                   "device's achieved bandwidth; matrix products and attention as in eager; "
-                   "the host launches kernels without per-op Python; no CUDA graphs")
+        out.append("torch.compile (TorchInductor, default mode): each norm and activation one "
+                   "generated kernel, casts and fp8 scale reductions folded into their "
+                   "producers, memory-bound kernels at the device's achieved bandwidth (a "
+                   "residual add stays its own kernel); matrix products and attention as in "
+                   "eager; the host launches kernels without per-op Python; no CUDA graphs")
     else:
         out.append("PyTorch eager execution, one kernel per op, no CUDA graphs; a host "
                    "synchronize at the end of each step")

@@ -109,7 +109,8 @@ class Stack(BaseModel):
                      else f"{self.attention} attention")
         if self.compiled:
             return (f"{self.full_name} stack under torch.compile: {attention}; each block's "
-                    f"norms, activations, residual adds and casts fused by TorchInductor, "
+                    f"norms and activations as single TorchInductor kernels, its casts "
+                    f"folded into their producers, "
                     f"the head and loss eager (loss on "
                     f"{'fp32' if self.loss == 'upcast' else '16-bit'} logits), gradients "
                     f"{'freed' if self.zero_grad == 'to_none' else 'kept'} between steps, "
