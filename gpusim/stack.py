@@ -167,7 +167,7 @@ def _read(path: Path) -> Stack:
 def runs_compiled(layer: Layer, stack: Stack) -> bool:
     """Whether ``layer`` runs inside a compiled graph: a block's layer under --compile, and
     the loss where the framework compiles it too."""
-    return stack.compiled and (bool(layer.block) or (
+    return stack.compiled and (layer.in_body or (
         stack.compile_loss and isinstance(layer, CrossEntropy)))
 
 

@@ -24,12 +24,15 @@ def test_a_compiled_step_is_faster_and_its_blocks_lose_their_casts() -> None:
     job, compiled = _plan(compile=True)
     assert sum(k.device_s for k in compiled.microbatch) < sum(k.device_s
                                                               for k in eager.microbatch)
-    blocks = {la.name for la in job.model.layers if la.block}
+    blocks = {la.name for la in job.model.layers if la.in_body}
     names = [k.name for k in compiled.microbatch if k.layer in blocks]
     assert not [n for n in names if n.endswith((".cast_input", ".cast_input_grad"))]
     # the loss and the head stay eager: the same kernels at the same cost
-    outside = {k.name: k.device_s for k in eager.microbatch if k.layer not in blocks}
-    assert {k.name: k.device_s for k in compiled.microbatch if k.layer not in blocks} == outside
+    outside = {k.name: (k.device_s, k.host_s) for k in eager.microbatch
+               if k.layer not in blocks}
+    assert any(name.startswith("loss.") for name in outside)  # the head and loss are there
+    assert {k.name: (k.device_s, k.host_s) for k in compiled.microbatch
+            if k.layer not in blocks} == outside
 
 
 def test_fp8_activation_scales_fold_into_their_producers_under_compile() -> None:
@@ -46,7 +49,7 @@ def test_fp8_activation_scales_fold_into_their_producers_under_compile() -> None
 def test_a_compiled_block_costs_the_host_its_launches_only() -> None:
     _, eager = _plan()
     job, compiled = _plan(compile=True)
-    blocks = {la.name for la in job.model.layers if la.block}
+    blocks = {la.name for la in job.model.layers if la.in_body}
     host = [k.host_s for k in compiled.microbatch if k.layer in blocks and k.name.endswith(".bwd")]
     assert host and max(host) < min(k.host_s for k in eager.microbatch
                                     if k.layer in blocks and k.name.endswith(".bwd"))

@@ -166,8 +166,7 @@ class TrainingJob:
     def quantized(self, layer: Layer) -> bool:
         """Whether ``layer``'s weight is held in 4 bits: QLoRA quantizes the frozen
         projections of the body, not the embeddings, norms or output head."""
-        return (self.quantized_base and isinstance(layer, Linear) and bool(layer.block)
-                and not layer.block.startswith(("embed", "head"))
+        return (self.quantized_base and isinstance(layer, Linear) and layer.in_body
                 and not self.is_trainable(layer.name))
 
     def frozen_bytes(self, layer: Layer) -> float:

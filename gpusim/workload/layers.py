@@ -47,6 +47,12 @@ class Layer(ABC):
         return 0
 
     @property
+    def in_body(self) -> bool:
+        """Whether the layer sits in one of the model's repeated blocks (``h.3``), not in
+        its embedding or head groups nor outside any block."""
+        return bool(self.block) and not self.block.startswith(("embed", "head"))
+
+    @property
     def active_params(self) -> int:
         """Parameters one token computes with (all of them but a mixture's unchosen
         experts)."""
