@@ -149,9 +149,10 @@ def main(argv: list[str] | None = None) -> None:
         device = next(d for d in (load_gpu(r["device"]) for r in rows)
                       if d.architecture == arch)
         idle = calibration_for(device).idle_power_fraction
-        power = fit(arch, points, idle, sorted({p.source for p in points}))
+        fitted_sources = {p.source for p in points}
         quoted = [r["id"] for r in rows if str(r.get("notes", "")).startswith("SECOND-HAND")
-                  and any(r["id"] and str(r["source"].get("url")) == p.source for p in points)]
+                  and str(r["source"].get("url")) in fitted_sources]
+        power = fit(arch, points, idle, sorted(fitted_sources))
         if quoted:
             power = power.model_copy(update={"rationale": power.rationale + (
                 f" {len(quoted)} of the rows behind it are second-hand (quoted from the paper "

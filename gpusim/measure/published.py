@@ -27,7 +27,8 @@ from gpusim.errors import InvalidMeasurement
 from gpusim.hardware.catalog import read_yaml
 from gpusim.measure import results
 
-# Backends whose kernels gpusim models, by the names the micro suite gives SDPA's backends.
+# Attention kernels gpusim models, by the names the micro suite gives SDPA's backends
+# (and "triton": FlashAttention's own Triton kernel, which no SDPA backend runs).
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "triton")
 # Each bandwidth kernel (as BabelStream and STREAM name them) as the micro-suite elementwise
 # op that makes the same passes: (op, arrays it reads, the op's operand in arrays). Bytes

@@ -166,10 +166,8 @@ def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[C
 def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
           host_per_op: float, act: int, queue: Queue | None = None,
           fp8: frozenset[str] = frozenset()) -> Work:
-    """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it.
-    A column-parallel layer that computes in fp8 (``fp8``) gathers its input already cast:
-    one byte an element (torchao's Float8ColwiseParallel casts before the all-gather, as
-    Transformer Engine gathers its fp8 norm output)."""
+    """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it
+    (the ``fp8`` layers gather their inputs already cast: tp_collectives)."""
     n = job.parallel.microbatch_size
     tp_group = job.topology.place(job.parallel.tensor, stride=1)
     cp_group = job.topology.place(job.parallel.context, stride=job.parallel.tensor)
@@ -192,11 +190,10 @@ def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Ca
             passes.setdefault((phase, layer))
     p = job.parallel
     for phase, name in passes:
+        gathered = DTYPE_BYTES["fp8"] if name in fp8 and phase == "forward" else None
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
-                                                       p.sequence_parallel, p.tp_overlap):
-            if (name in fp8 and phase == "forward" and collective == "all_gather"
-                    and isinstance(layers[name], Linear)):
-                size = size * DTYPE_BYTES["fp8"] / act
+                                                       p.sequence_parallel, p.tp_overlap,
+                                                       gathered):
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             if p.tp_overlap and beside:

@@ -57,13 +57,16 @@ Overlap = Literal["fwd", "dgrad", "wgrad"] | None
 
 
 def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: bool,
-                   overlap: bool = False) -> list[tuple[Collective, float, Overlap]]:
+                   overlap: bool = False, input_bytes: float | None = None
+                   ) -> list[tuple[Collective, float, Overlap]]:
     """Tensor-parallel collectives a layer's pass issues for ``n`` samples with ``act``-byte
     activations: (collective, bytes of the full buffer as nccl-tests counts it, the layer's
     GEMM it runs beside, or None when it sits on the critical path). With ``overlap``
     (Megatron-LM's --tp-comm-overlap, PyTorch's async TP; sequence parallelism only) the
     gathers before a linear layer's products and the reduce-scatters after them run in
-    chunks beside those products too."""
+    chunks beside those products too. ``input_bytes``: what a column-parallel layer's
+    forward gathers per input element when it casts before gathering (fp8: torchao's
+    Float8ColwiseParallel, Transformer Engine's fp8 norm output); default ``act``."""
     beside: Overlap = "fwd" if overlap and sp else None
     if tensor == 1:
         return []
@@ -94,5 +97,5 @@ def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: 
             if sp:
                 return [("all_gather", size, "dgrad"), ("reduce_scatter", size, "wgrad")]
             return [("all_reduce", size, None)]
-        return [("all_gather", size, beside)] if sp else []
+        return [("all_gather", size * (input_bytes or act) / act, beside)] if sp else []
     return []
