@@ -190,7 +190,7 @@ def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Ca
             passes.setdefault((phase, layer))
     p = job.parallel
     for phase, name in passes:
-        gathered = DTYPE_BYTES["fp8"] if name in fp8 and phase == "forward" else None
+        gathered = DTYPE_BYTES["fp8"] if name in fp8 else None  # recompute gathers again
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
                                                        p.sequence_parallel, p.tp_overlap,
                                                        gathered):
