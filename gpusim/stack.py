@@ -26,6 +26,11 @@ from gpusim.workload.layers import Elementwise, Layer
 from gpusim.workload.model import Model
 
 DEFAULT_STACK = "pytorch"
+# Fused kernels that write their output as (batch, seq, heads, dim), so the output
+# projection reads it through a view: FlashAttention (flash_fwd allocates out like q in that
+# order), the memory-efficient kernel (BMHK), FlashAttention-3 and the Triton kernel.
+# SDPA's cuDNN backend (the H100 default, "auto" there) ran with a copy in our profiles.
+BHSD_FREE_KERNELS = ("flash2", "flash3", "efficient", "triton")
 AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "triton", "math"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention",
@@ -49,8 +54,9 @@ class Stack(BaseModel):
     # unfused: F.silu(a) * b as two ops; fused: one kernel that keeps its inputs only
     swiglu: Literal["unfused", "fused"] = "unfused"
     # upcast: logits cast to fp32 before cross-entropy (fp32 log-probabilities kept);
-    # native: cross-entropy on the 16-bit logits
-    loss: Literal["upcast", "native"] = "upcast"
+    # native: cross-entropy on the 16-bit logits; fused: one kernel each way that keeps the
+    # 16-bit logits and writes their gradient in their type (flash-attn's xentropy)
+    loss: Literal["upcast", "native", "fused"] = "upcast"
     # cross-entropy a chunk at a time: this many chunks, or chunks of this many tokens
     loss_chunks: int = Field(1, ge=1)
     loss_chunk_tokens: int = Field(0, ge=0)
@@ -65,6 +71,11 @@ class Stack(BaseModel):
     # fused kernel describes), a named fused kernel, or math (matmul, softmax, matmul: the
     # seq x seq scores in memory)
     attention: Literal[AttentionKernel] = "auto"
+    # how the output projection reads the attention kernel's output: None as the kernel
+    # writes it (a view after FlashAttention-style kernels, a copy after SDPA's cuDNN
+    # backend or unfused attention); view where the framework's attention always hands
+    # over its (seq, batch, heads x dim) output as it is (Transformer Engine)
+    heads_merge: Literal["view"] | None = None
     # how the model is held when it computes in 16 bits: autocast over fp32 weights
     # (PyTorch's AMP; FSDP's mixed precision gathers 16-bit copies of fp32 shards), or
     # 16-bit weights with fp32 master copies in the optimizer (Megatron-LM's --bf16)
@@ -107,20 +118,19 @@ class Stack(BaseModel):
         attention = ("attention as SDPA picks it" if self.attention == "auto"
                      else "unfused (math) attention" if self.attention == "math"
                      else f"{self.attention} attention")
+        loss = {"upcast": "loss on fp32 logits", "native": "loss on 16-bit logits",
+                "fused": "fused cross-entropy on 16-bit logits"}[self.loss]
+        rest = (f"gradients {'freed' if self.zero_grad == 'to_none' else 'kept'} between "
+                f"steps, {self.optimizer.replace('_', '-')} optimizer")
         if self.compiled:
+            outside = "the head eager, the loss compiled" if self.compile_loss else \
+                "the head and loss eager"
             return (f"{self.full_name} stack under torch.compile: {attention}; each block's "
                     f"norms and activations as single TorchInductor kernels, its casts "
-                    f"folded into their producers, "
-                    f"the head and loss eager (loss on "
-                    f"{'fp32' if self.loss == 'upcast' else '16-bit'} logits), gradients "
-                    f"{'freed' if self.zero_grad == 'to_none' else 'kept'} between steps, "
-                    f"{self.optimizer.replace('_', '-')} optimizer")
+                    f"folded into their producers, {outside} ({loss}), {rest}")
         return (f"{self.full_name} stack: {attention}, "
                 f"RMS norm {self.rms_norm.replace('_', ' ')}, "
-                f"grouped K/V {self.kv_heads}, SwiGLU {self.swiglu}, loss on "
-                f"{'fp32' if self.loss == 'upcast' else '16-bit'} logits, gradients "
-                f"{'freed' if self.zero_grad == 'to_none' else 'kept'} between steps, "
-                f"{self.optimizer.replace('_', '-')} optimizer")
+                f"grouped K/V {self.kv_heads}, SwiGLU {self.swiglu}, {loss}, {rest}")
 
 
 def stacks_dir() -> Path:
@@ -198,15 +208,17 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
         upcast = {"fused": "", "upcast": "cast_back", "upcast_fp32_weight": "fp32_weight"}
         return replace(layer, upcast=upcast[stack.rms_norm])
     if isinstance(layer, CrossEntropy):
-        return replace(layer, upcast=stack.loss == "upcast", chunks=stack.loss_chunks,
-                       chunk_rows=stack.loss_chunk_tokens)
+        return replace(layer, upcast=stack.loss == "upcast", fused=stack.loss == "fused",
+                       chunks=stack.loss_chunks, chunk_rows=stack.loss_chunk_tokens)
     if isinstance(layer, Elementwise) and layer.op == "swiglu":
         return replace(layer, saves=2 if stack.swiglu == "fused" or compiled else 3)
     if isinstance(layer, Attention):
         layer = replace(layer, expand_kv=stack.kv_heads == "expanded")
         if stack.attention == "math":
-            return replace(layer, fused=False, kernel="")
+            return replace(layer, fused=False, kernel="", merge_copy=True)
         if stack.attention != "auto":
-            return replace(layer, fused=True, kernel=stack.attention)
-        return layer
+            layer = replace(layer, fused=True, kernel=stack.attention)
+        view = layer.fused and (stack.heads_merge == "view"
+                                or layer.kernel in BHSD_FREE_KERNELS)
+        return replace(layer, merge_copy=not view)
     return layer

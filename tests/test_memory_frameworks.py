@@ -154,6 +154,32 @@ def test_flash_attention_keeps_no_scores_so_selective_is_nearly_none(h100: GPUPr
     assert selective > 0.95 * none
 
 
+def test_flash_attention_output_is_kept_once(h100: GPUProfile) -> None:
+    """FlashAttention writes its output as (batch, seq, heads, dim), so merging the heads is
+    a view: no copy kernel runs, and the output projection keeps the kernel's own output
+    (one tensor, counted once; its storage is what autograd saves for both). SDPA's cuDNN
+    output is merged by a copy, and both tensors stay alive."""
+    from gpusim.stack import apply_stack, load_stack
+
+    def job(kernel: str, mode: str) -> TrainingJob:
+        model = apply_stack(zoo.get("llama3-8b", seq_len=2048),
+                            load_stack("pytorch").with_attention(kernel))
+        return TrainingJob(model, h100, 1, "bf16", checkpointing=mode, loader_workers=0,
+                           fsdp=True)
+
+    core = next(la for la in job("flash2", "none").model.layers if la.name == "h.0.attn.core")
+    out = core.out_elements * 2  # bf16, one sample
+    flash, cudnn = memory_plan(job("flash2", "none")), memory_plan(job("cudnn", "none"))
+    assert cudnn.activations - flash.activations == pytest.approx(32 * out, rel=1e-6)
+    # selective recompute drops only the log-sum-exp once the output is the projection's
+    lse = core.heads * core.seq * 4
+    assert (flash.activations - memory_plan(job("flash2", "selective")).activations
+            == pytest.approx(32 * lse, rel=1e-6))
+    copies = [op.name for op in microbatch_ops(job("flash2", "none")) if "heads" in op.name]
+    assert copies == [] and any("merge_heads" in op.name
+                                for op in microbatch_ops(job("cudnn", "none")))
+
+
 def test_per_op_saves_attention_and_every_other_product(h100: GPUProfile) -> None:
     ops = microbatch_ops(_llama_job(h100, "per-op"))
     rerun = {op.layer.split(".", 2)[-1] for op in ops

@@ -5,7 +5,7 @@ benchmark was added (benchmarks/throughput.py prints every row). Validation only
 
 from __future__ import annotations
 
-from gpusim.validate.published_throughput import load_cases, predict_case, summary
+from gpusim.validate.published_throughput import RECOMPUTE, load_cases, predict_case, summary
 
 # Set from what was measured (2026-11-23: 12 cases, mean absolute 36.2%, all too fast; then
 # 13 cases, 32.8%, with Ampere fitted on published kernels and the first MoE row; then 27
@@ -27,3 +27,14 @@ def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:
     s = summary(rows)
     assert s["cases"] >= 12
     assert s["mape"] <= EAGER_MAPE_BUDGET, s
+
+
+def test_no_configuration_that_trained_as_stated_is_refused() -> None:
+    """A published run that states its recompute mode trained in the memory it had: gpusim
+    must not call it out of memory (issue 14). llm-foundry's MPT-3B at 8192 tokens, no
+    recompute, was refused until the fused loss and the attention output kept once."""
+    for case in load_cases():
+        if str(case["training"].get("activation_checkpointing")) not in RECOMPUTE:
+            continue
+        row = predict_case(case)
+        assert "needs" not in (row.skipped or ""), row

@@ -22,16 +22,17 @@ from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 H, HEADS, KV, FFN, SEQ, BATCH = 256, 8, 2, 704, 128, 2
 
 
-def _small_llama(stack: str):  # type: ignore[no-untyped-def]
+def _small_llama(stack: str, attention: str | None = None):  # type: ignore[no-untyped-def]
     cfg = TransformerConfig(name="small", layers=2, hidden=H, heads=HEADS, kv_heads=KV,
                             ffn_hidden=FFN, vocab=1000, seq_len=SEQ, norm="rmsnorm",
                             activation="swiglu", positions="rotary", tied_embeddings=False,
                             bias=False)
-    return apply_stack(build_transformer(cfg), load_stack(stack))
+    return apply_stack(build_transformer(cfg), load_stack(stack).with_attention(attention))
 
 
-def _block_bytes_per_token(h100: GPUProfile, stack: str) -> float:
-    job = TrainingJob(_small_llama(stack), h100, BATCH, "bf16", pure_bf16=True,
+def _block_bytes_per_token(h100: GPUProfile, stack: str, attention: str | None = None
+                           ) -> float:
+    job = TrainingJob(_small_llama(stack, attention), h100, BATCH, "bf16", pure_bf16=True,
                       loader_workers=0)
     kept, _ = activations_by_layer(job)
     return sum(v for k, v in kept.items() if k.startswith("h.1.")) / (BATCH * SEQ)
@@ -61,23 +62,30 @@ def test_a_stack_changes_what_a_block_keeps(h100: GPUProfile) -> None:
     """Per token of one block, in units of the hidden size: the upcasting norms keep an fp32
     copy (4) and the 16-bit normalized tensor (2) where a fused one keeps its input (2);
     expanded K and V take 2 each instead of 0.5; an unfused SwiGLU keeps gate, silu(gate)
-    and up (3 x 5.5)."""
+    and up (3 x 5.5). Transformer Engine hands its attention output to the projection as it
+    is, so Megatron keeps that tensor once (2 less) where SDPA's cuDNN output is merged by a
+    copy."""
     hf = _block_bytes_per_token(h100, "hf-transformers") / H
     pt = _block_bytes_per_token(h100, "pytorch") / H
     mega = _block_bytes_per_token(h100, "megatron") / H
     assert hf - pt == pytest.approx(2 * 4 + 2 * 1.5)  # norms, then K and V
-    assert pt - mega == pytest.approx(5.5)  # the fused SwiGLU keeps its two inputs only
+    # the fused SwiGLU keeps its two inputs only; the attention output kept once
+    assert pt - mega == pytest.approx(5.5 + 2)
 
 
 def test_hf_block_matches_what_pytorch_autograd_saves(h100: GPUProfile) -> None:
     """The same block written as Hugging Face writes it, run in real PyTorch (CPU, bf16),
-    with every tensor autograd saves counted once. gpusim keeps 2 bytes a token per hidden
-    unit more: the attention output's merge into the projection's layout, a copy under the
-    cuDNN kernel (seen in the H100 profiles) that FlashAttention's output layout avoids."""
+    with every tensor autograd saves counted once, under FlashAttention. gpusim's auto
+    kernel keeps 2 bytes a token per hidden unit more: the attention output's merge into
+    the projection's layout, a copy under the cuDNN kernel (seen in the H100 profiles) that
+    FlashAttention's output layout avoids; named flash2, the two agree to the fp32
+    log-sum-exp's rounding (8 bytes a token)."""
     torch = pytest.importorskip("torch")
     measured = _autograd_block_bytes(torch) / (BATCH * SEQ)
     predicted = _block_bytes_per_token(h100, "hf-transformers")
     assert predicted - measured == pytest.approx(2 * H, rel=0.02)
+    flash = _block_bytes_per_token(h100, "hf-transformers", attention="flash2")
+    assert abs(flash - measured) <= 8
 
 
 def _autograd_block_bytes(torch):  # type: ignore[no-untyped-def]
@@ -252,3 +260,27 @@ def test_megatron_formulas_agree_where_the_same_things_are_counted() -> None:
         assert r.gpusim_activations == pytest.approx(r.megatron_activations, rel=0.01)
         assert r.gpusim_states * 18 / 16 == pytest.approx(r.megatron_states, rel=0.03)
         assert r.gpusim_other > 0
+
+
+def test_a_fused_loss_keeps_the_16_bit_logits_and_writes_one_gradient() -> None:
+    """flash-attn's fused cross-entropy (llm-foundry's default loss) keeps the logits as they
+    come with an fp32 log-sum-exp a row, and writes one gradient in their type, where
+    PyTorch's loss under autocast keeps fp32 log-probabilities and holds two fp32 gradients
+    at once; one pass over the logits each way instead of five."""
+    from gpusim.workload.attention import CrossEntropy
+    from gpusim.workload.numerics import Numerics
+
+    rows, vocab = 4096, 50368
+    num = Numerics("bf16", "bf16", "bf16")
+    plain = CrossEntropy("loss", vocab, rows)
+    model = build_transformer(TransformerConfig(name="t", layers=1, hidden=64, heads=2,
+                                                vocab=vocab, seq_len=rows))
+    fused = next(la for la in apply_stack(model, load_stack("llm-foundry-2023")).layers
+                 if isinstance(la, CrossEntropy))
+    assert fused.fused
+    logits = rows * vocab
+    assert fused.saved_bytes(1, num) == logits * 2 + rows * 4
+    assert plain.saved_bytes(1, num) == logits * 4
+    assert fused.transient_bytes(1, num) == logits * 2 == plain.transient_bytes(1, num) / 4
+    moved = sum(op.bytes for op in fused.forward(1, num) + fused.backward_input(1, num))
+    assert moved == pytest.approx(3 * logits * 2, rel=0.01)

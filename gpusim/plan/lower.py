@@ -149,7 +149,7 @@ def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
                           bytes=layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes),
                           alloc_bytes=layer.params * num.act_bytes)
     ops += _dequantize(layer, job, num)
-    if isinstance(layer, CrossEntropy) and job.master_weights:
+    if isinstance(layer, CrossEntropy) and job.master_weights and not layer.fused:
         ops += layer.vocab_parallel_forward(job.microbatch_size, num)
     else:
         ops += layer.forward(job.microbatch_size, num)
@@ -168,7 +168,7 @@ def _dequantize(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
 
 def _input_grad_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision) -> list[Op]:
     num = prec.numerics
-    if isinstance(layer, CrossEntropy) and job.master_weights:
+    if isinstance(layer, CrossEntropy) and job.master_weights and not layer.fused:
         return layer.vocab_parallel_backward(job.microbatch_size, num)
     ops = _dequantize(layer, job, num) + layer.backward_input(job.microbatch_size, num)
     return ops + (_input_cast(layer, job, num, backward=True) if prec.casts_input else [])

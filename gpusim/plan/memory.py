@@ -9,6 +9,7 @@ framework's own reservation (CUDA context, library workspaces, allocator slack),
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from gpusim import units
@@ -175,14 +176,24 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
     n = job.microbatch_size
     first = next((i for i, lay in enumerate(layers) if job.trains_weights(lay)), len(layers))
     kept = layers[0 if job.input_requires_grad else first:]  # frozen prefix: no autograd
+    own = {lay.name: saved(lay) for lay in kept}
+    for lay, reader in itertools.pairwise(kept):
+        # A fused attention's output is its output projection's input, one tensor kept
+        # once, where merging the heads is a view and the projection keeps it as it is
+        # (not a frozen base's, not an fp8 copy of it).
+        if isinstance(lay, Attention) and isinstance(reader, Linear):
+            shared = lay.shared_output_bytes(n, precision[lay.name].numerics)
+            reader_num = precision[reader.name].numerics
+            if shared and own[reader.name] == reader.saved_bytes(n, reader_num) >= shared:
+                own[lay.name] -= shared
     mode = job.checkpointing
     if mode == "none":
-        return {lay.name: saved(lay) for lay in kept}, 0.0
+        return own, 0.0
     if mode == "selective":
         # Attention cores keep only their inputs and outputs; scores and softmax statistics
         # are re-created in backward.
         return {lay.name: lay.io_bytes(n, precision[lay.name].numerics)
-                if isinstance(lay, Attention) else saved(lay) for lay in kept}, 0.0
+                if isinstance(lay, Attention) else own[lay.name] for lay in kept}, 0.0
     # A checkpointed block keeps its input (and what a per-op policy saves) and re-creates
     # the rest one block at a time; other layers keep what they save.
     checkpointed = checkpointed_blocks(mode, job.model)
@@ -192,12 +203,12 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
     for lay in kept:
         num = precision[lay.name].numerics
         if lay.block not in checkpointed:
-            out[lay.name] = saved(lay)
+            out[lay.name] = own[lay.name]
         else:
             if lay.block not in per_block:
                 per_block[lay.block] = 0.0
                 out[f"{lay.block}.input"] = float(n * previous_out * num.act_bytes)
-            per_block[lay.block] += saved(lay)
+            per_block[lay.block] += own[lay.name]
             if mode == "per-op":
                 out[lay.name] = policy_kept_bytes(lay, n, num)
         previous_out = lay.out_elements
@@ -209,7 +220,7 @@ def _loss_transient(layer: CrossEntropy, job: TrainingJob, num: Numerics) -> flo
     vocab-parallel loss, which turns its kept fp32 softmax into the gradient in place
     (megatron/core/tensor_parallel/cross_entropy.py, backward) and allocates only the
     cast back to the logits' type."""
-    if job.master_weights:
+    if job.master_weights and not layer.fused:
         n = job.microbatch_size
         cast = layer.upcast and num.act_bytes < DTYPE_BYTES["fp32"]
         return float(n * layer.rows * layer.classes * num.act_bytes) if cast else 0.0

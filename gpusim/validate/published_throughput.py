@@ -122,6 +122,8 @@ def _stack(case: dict[str, Any]) -> str:
         return "torchtitan-2024"
     if "Megatron" in source:
         return "megatron"
+    if "llm-foundry" in source:
+        return "llm-foundry-2023"
     return "pytorch"
 
 
@@ -189,8 +191,6 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
             per = (blocks + 2) // chunks
             kwargs["pp_layers"] = (per - 1, *[per] * (chunks - 2), per - 1)
             flags.append("embedding and loss counted as a layer each in the pipeline split")
-    if stack == "pytorch" and "triton" in str(t.get("other", "")):
-        kwargs["attention"] = "triton"  # llm-foundry's attn_impl triton: FlashAttention in Triton
     if pp > 1 and "interleaved" in case["id"]:
         kwargs.update(schedule="interleaved", virtual_stages=2)
         flags.append("interleaved stages assumed 2 per GPU")

@@ -45,6 +45,12 @@ class Attention(Layer):
     kv_seq: int = 0
     # Sliding-window attention: each query attends to the last ``window`` keys only (0: all)
     window: int = 0
+    # Whether merging the heads for the output projection copies: the kernel writes its
+    # output as (batch, heads, seq, dim), as unfused attention and PyTorch SDPA's cuDNN
+    # backend do (copies of their own in the profiled H100 steps). FlashAttention, the
+    # memory-efficient kernel and Transformer Engine write (batch, seq, heads, dim), so the
+    # merge is a view and the projection keeps the kernel's own output.
+    merge_copy: bool = True
 
     @property
     def _kv(self) -> int:
@@ -134,10 +140,13 @@ class Attention(Layer):
                 ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
                                      mask_written=scores))
             ops += self._score_gemms(n, ("av",), num)
-        return self._tag([*ops, self._layout("merge_heads", out, num)])
+        if self.merge_copy:
+            ops.append(self._layout("merge_heads", out, num))
+        return self._tag(ops)
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
-        ops = [self._layout("split_heads_grad", n * self.out_elements, num)]
+        ops = [self._layout("split_heads_grad", n * self.out_elements, num)] \
+            if self.merge_copy else []
         if self.fused:
             moved = (self._qkvo_elements(n) * 2) * num.act_bytes
             grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
@@ -176,8 +185,18 @@ class Attention(Layer):
         else:
             # the kernel's own output, which its backward reads, and an fp32 log-sum-exp
             # per row
-            saved += n * self.out_elements * num.act_bytes + n * self.heads * self.seq * 4
+            saved += self.output_bytes(n, num) + n * self.heads * self.seq * 4
         return saved
+
+    def output_bytes(self, n: int, num: Numerics) -> float:
+        """The fused kernel's output, which its backward keeps (0 for unfused attention,
+        whose backward keeps the scores instead)."""
+        return n * self.out_elements * num.act_bytes if self.fused else 0.0
+
+    def shared_output_bytes(self, n: int, num: Numerics) -> float:
+        """What the output projection keeps of this layer's own tensors: the kernel's
+        output itself when merging the heads is a view (``merge_copy`` False)."""
+        return 0.0 if self.merge_copy else self.output_bytes(n, num)
 
 
 @dataclass(frozen=True)
@@ -237,6 +256,10 @@ class CrossEntropy(Layer):
     # are alive at once.
     chunks: int = 1
     chunk_rows: int = 0
+    # One fused kernel (flash-attn's and apex's xentropy, Liger's, Transformer Engine's):
+    # forward reads the 16-bit logits once and keeps them with an fp32 log-sum-exp a row;
+    # backward reads them again and writes their gradient in their own type.
+    fused: bool = False
 
     @property
     def out_elements(self) -> int:
@@ -265,6 +288,10 @@ class CrossEntropy(Layer):
     def forward(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
         e = rows * self.classes
+        if self.fused:  # the loss and the log-sum-exp a row, both fp32
+            return self._tag([Op(f"{self.name}.fused_xent", "memory", 5.0 * e,
+                                 e * num.act_bytes + 2 * rows * DTYPE_BYTES["fp32"], "fp32",
+                                 alloc_bytes=2 * rows * DTYPE_BYTES["fp32"])])
         f32 = self._type(num)
         return self._tag([*self._cast_up(e, num),
                           memory_op(f"{self.name}.log_softmax", e, e, f32, 5.0),
@@ -273,6 +300,9 @@ class CrossEntropy(Layer):
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
         e = rows * self.classes
+        if self.fused:  # softmax less one at the target, from the logits and their lse
+            return self._tag([memory_op(f"{self.name}.fused_xent_bwd", e, e, num.act_bytes,
+                                        3.0)])
         f32 = self._type(num)
         return self._tag([memory_op(f"{self.name}.nll_bwd", rows, e, f32, 0.0),
                           memory_op(f"{self.name}.log_softmax_bwd", 2 * e, e, f32, 2.0),
@@ -302,12 +332,16 @@ class CrossEntropy(Layer):
                           *self._cast_down(e, num)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
+        if self.fused:  # the logits themselves and an fp32 log-sum-exp a row
+            return n * self.rows * (self.classes * num.act_bytes + DTYPE_BYTES["fp32"])
         return n * self.rows * self.classes * self._type(num)
 
     def transient_bytes(self, n: int, num: Numerics) -> float:
         """In backward, the likelihood's gradient (a logits-sized tensor, zero but one entry
         a row) and the log-softmax's gradient are alive together, in the loss's type, for
-        one chunk of rows at a time."""
+        one chunk of rows at a time; a fused loss writes only the logits' gradient."""
         rows = n * self.rows
+        if self.fused:
+            return float(rows * self.classes * num.act_bytes)
         chunks = max(self.chunks, -(-rows // self.chunk_rows) if self.chunk_rows else 1)
         return 2.0 * rows * self.classes * self._type(num) / min(chunks, rows)
