@@ -186,9 +186,7 @@ def _compiled(layer: Layer) -> Layer:
     its statistics, the scaling, the cast back) become one generated kernel that reads its
     input and writes its output once; an activation of two inputs keeps only those. Layers
     outside the blocks (embedding, final norm, head) stay eager: frameworks compile each
-    block (torchtitan's apply_compile), and the loss where they compile it. A compiled
-    loss still keeps its fp32 logits for backward (torchtune's Llama 3.2 3B under compile
-    peaks 8 GB lower with the loss chunked than without)."""
+    block (torchtitan's apply_compile), and the loss where they compile it."""
     if isinstance(layer, Elementwise) and layer.op == "rms_norm":
         return replace(layer, upcast="")
     return layer
@@ -208,7 +206,11 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
         upcast = {"fused": "", "upcast": "cast_back", "upcast_fp32_weight": "fp32_weight"}
         return replace(layer, upcast=upcast[stack.rms_norm])
     if isinstance(layer, CrossEntropy):
-        return replace(layer, upcast=stack.loss == "upcast", fused=stack.loss == "fused",
+        # A compiled loss is one generated kernel each way: TorchInductor fuses the upcast,
+        # log-softmax and likelihood, keeps the logits as the loss received them with a
+        # log-sum-exp a row, and writes their gradient in their type.
+        return replace(layer, upcast=stack.loss == "upcast",
+                       fused=stack.loss == "fused" or compiled,
                        chunks=stack.loss_chunks, chunk_rows=stack.loss_chunk_tokens)
     if isinstance(layer, Elementwise) and layer.op == "swiglu":
         return replace(layer, saves=2 if stack.swiglu == "fused" or compiled else 3)

@@ -226,16 +226,34 @@ def test_the_stack_is_named_in_the_assumptions() -> None:
 # chunk the loss under torch.compile are predicted 12% and 20% high, about 5 GB each, which
 # gpusim does not explain yet (the same runs without chunking, and without compile, land
 # within 3%); they are held to a wider budget, by name.
+# FP8 and context-parallel runs, mapped once both were modelled (2026-11-23): 12 cases (six
+# more combine FSDP with pipeline stages, which gpusim refuses), mean 11.3%. The largest
+# misses are torchtitan's Llama 3.1 70B at FSDP 32 x TP 8 with full recompute, 23-27% low,
+# and Llama 3.1 8B at 32K-256K tokens (CP 1-8), 10% low; unexplained. Held apart so the
+# budget of the 32 above stays as tight as it was.
 PUBLISHED_MEAN_ERROR = 0.05
 PUBLISHED_MAX_ERROR = 0.12
+FP8_OR_CP_MEAN_ERROR = 0.12
+FP8_OR_CP_MAX_ERROR = 0.28
 COMPILED_CHUNKED_LOSS = {"torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce",
                          "torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce_ac"}
 COMPILED_CHUNKED_LOSS_MAX_ERROR = 0.21
 REFUSED_THOUGH_TRAINED = {"colossalai_pl_gpt2xl_ddp_amp_fp16_4xa100_40gb_mb6"}
 
 
+def _fp8_or_cp(job: object) -> bool:
+    parallel = getattr(job, "parallel", None)
+    return getattr(job, "precision", "") == "fp8" or getattr(parallel, "context", 1) > 1
+
+
 def test_published_peak_memories_within_budget_and_never_refused() -> None:
-    cases = [c for c in load_cases() if c.job is not None]
+    everything = [c for c in load_cases() if c.job is not None]
+    late = {c.id: abs(c.predicted_gib() / c.measured_gib - 1) for c in everything
+            if _fp8_or_cp(c.job)}
+    assert len(late) >= 12
+    assert sum(late.values()) / len(late) <= FP8_OR_CP_MEAN_ERROR
+    assert max(late.values()) <= FP8_OR_CP_MAX_ERROR
+    cases = [c for c in everything if c.id not in late]
     assert len(cases) >= 32
     errors = {c.id: abs(c.predicted_gib() / c.measured_gib - 1) for c in cases}
     assert sum(errors.values()) / len(errors) <= PUBLISHED_MEAN_ERROR
@@ -243,7 +261,7 @@ def test_published_peak_memories_within_budget_and_never_refused() -> None:
         <= PUBLISHED_MAX_ERROR
     assert max(errors[i] for i in COMPILED_CHUNKED_LOSS) <= COMPILED_CHUNKED_LOSS_MAX_ERROR
     # each trained, so none may be refused (but the one named above, by a hair)
-    assert {c.id for c in cases if not c.fits()} <= REFUSED_THOUGH_TRAINED
+    assert {c.id for c in everything if not c.fits()} <= REFUSED_THOUGH_TRAINED
 
 
 def test_megatron_formulas_agree_where_the_same_things_are_counted() -> None:

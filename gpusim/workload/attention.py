@@ -341,7 +341,7 @@ class CrossEntropy(Layer):
         a row) and the log-softmax's gradient are alive together, in the loss's type, for
         one chunk of rows at a time; a fused loss writes only the logits' gradient."""
         rows = n * self.rows
-        if self.fused:
-            return float(rows * self.classes * num.act_bytes)
         chunks = max(self.chunks, -(-rows // self.chunk_rows) if self.chunk_rows else 1)
+        if self.fused:
+            return float(rows * self.classes * num.act_bytes) / min(chunks, rows)
         return 2.0 * rows * self.classes * self._type(num) / min(chunks, rows)
