@@ -145,3 +145,15 @@ def test_sustained_gemm_reports_its_windows_and_steady_state(
     sampler._proc = FakeProc()  # type: ignore[assignment]
     assert sampler.stop() == [{"sm_mhz": 1755.0, "power_w": 699.12, "temperature_c": 71.0},
                               {"sm_mhz": 1710.0, "power_w": 700.3, "temperature_c": 72.0}]
+
+
+def test_a_model_case_records_the_sdpa_backend_its_attention_ran() -> None:
+    """The models suite records which SDPA kernel PyTorch picked for the tensors an
+    attention layer really passes (views of the packed projection, with dropout where the
+    model has it), not for the micro suite's contiguous inputs: the kernel decides the
+    attention layers' time, and on a GPU it can differ between the two."""
+    from gpusim.measure import models
+
+    case = next(c for c in models.cpu_cases() if c.id.startswith("gpt2/"))
+    row = models.measure_case(case, CPU, 1, layers=False)
+    assert row["sdpa_backends"] and all(isinstance(b, str) for b in row["sdpa_backends"])

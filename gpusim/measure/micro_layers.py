@@ -30,11 +30,13 @@ def sdpa_shapes(tokens: int) -> list[dict[str, Any]]:
 
 
 def sdpa_backend_chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                        gqa: bool) -> str:
-    """The backend PyTorch's SDPA dispatch picks for these inputs (its own choice function)."""
+                        gqa: bool, dropout: float = 0.0) -> str:
+    """The backend PyTorch's SDPA dispatch picks for these inputs (its own choice function),
+    strides, dtype and dropout included."""
     try:
         from torch.nn.attention import SDPBackend
-        chosen = torch._fused_sdp_choice(q, k, v, is_causal=causal, enable_gqa=gqa)
+        chosen = torch._fused_sdp_choice(q, k, v, dropout_p=dropout, is_causal=causal,
+                                         enable_gqa=gqa)
         names = {int(b.value): b.name for b in SDPBackend.__members__.values()}
         return {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
                 "CUDNN_ATTENTION": "cudnn", "MATH": "math"}.get(names.get(int(chosen), ""),

@@ -226,6 +226,9 @@ def measure_case(case: ModelCase, device: torch.device, repeats: int,
         "optimizer": case.optimizer, "step": step.to_dict(), "peak_memory_bytes": peak,
         "peak_reserved_bytes": reserved,
     }
+    backends = sorted({str(getattr(m, "sdpa_backend", "")) for m in net.modules()} - {""})
+    if backends:  # which SDPA kernel the step's attention layers ran
+        row["sdpa_backends"] = backends
     if layers:
         row["layers"] = measure_layers(Network(model, case.batch_size, device, inplace=False),
                                        case, device, repeats)

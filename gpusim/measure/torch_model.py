@@ -82,6 +82,10 @@ class _Attention(nn.Module):
     def __init__(self, layer: Attention) -> None:
         super().__init__()
         self.layer = layer
+        # The SDPA backend PyTorch picked for the tensors this layer really passes (views of
+        # the packed projection, autocast's dtype, dropout), which can differ from the
+        # micro suite's contiguous inputs; recorded at the first call.
+        self.sdpa_backend = ""
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         a = self.layer
@@ -90,6 +94,9 @@ class _Attention(nn.Module):
         parts = qkv.reshape(n, a.seq, a.heads + 2 * kv, a.head_dim).transpose(1, 2)
         q, k, v = parts.split([a.heads, kv, kv], dim=1)
         p = DROPOUT_P if a.dropout else 0.0
+        if a.fused and not self.sdpa_backend and not torch.compiler.is_compiling():
+            from gpusim.measure.micro_layers import sdpa_backend_chosen
+            self.sdpa_backend = sdpa_backend_chosen(q, k, v, a.causal, kv != a.heads, p)
         if a.fused:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=a.causal,
                                                  enable_gqa=kv != a.heads)
