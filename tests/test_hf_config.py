@@ -108,7 +108,7 @@ def test_gemma_is_a_tied_gated_gelu_model() -> None:
 
 @pytest.mark.parametrize(("data", "message"), [
     ({"model_type": "t5", **{k: v for k, v in LLAMA3_8B.items() if k != "model_type"}},
-     "encoder-decoder"),
+     "t5 encoder-decoder\\): num_layers is missing"),  # T5's own fields, not Llama's
     ({**LLAMA3_8B, "model_type": "deepseek_v3", "moe_layer_freq": 2},
      "moe_layer_freq other than 1"),
     ({**LLAMA3_8B, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,

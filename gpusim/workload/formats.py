@@ -57,13 +57,16 @@ def load_model_file(path: str | Path, seq_len: int | None = None) -> Model:
 def model_from_dict(data: dict[str, Any], source: str, seq_len: int | None = None) -> Model:
     name = str(data.get("name", Path(source).stem))
     if hf_config.is_hf_config(data):
-        return build_transformer(hf_config.transformer_from_hf(data, source, name, seq_len))
+        return hf_config.model_from_hf(data, source, name, seq_len,
+                                       decoder_seq_len=data.get("decoder_seq_len"))
     if "hf_config" in data:
         if not isinstance(data["hf_config"], dict):
             raise InvalidModel(f"{source}: hf_config must be the mapping of a config.json")
         repo = data.get("hf_repo", "")
-        return build_transformer(hf_config.transformer_from_hf(
-            data["hf_config"], source, name, seq_len, repo if isinstance(repo, str) else ""))
+        # decoder_seq_len beside hf_config: an encoder-decoder's target tokens
+        return hf_config.model_from_hf(data["hf_config"], source, name, seq_len,
+                                       repo if isinstance(repo, str) else "",
+                                       decoder_seq_len=data.get("decoder_seq_len"))
     if "transformer" in data:
         if not isinstance(data["transformer"], dict):
             raise InvalidModel(f"{source}: transformer must be a mapping of dimensions "

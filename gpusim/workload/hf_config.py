@@ -7,6 +7,9 @@ whether the head is tied to the embedding. What a family has that gpusim does no
 (Qwen3's per-head q/k norms, Gemma 2's extra norms and soft-capping, GPT-NeoX's parallel
 residual) changes parameters by far less than 0.1% and is named in the model's description,
 so nothing is dropped silently. Families gpusim cannot build yet are refused by name.
+
+T5-style encoder-decoders (t5, mt5, umt5) build a ``T5Config`` (gpusim/workload/zoo/t5.py)
+rather than a ``TransformerConfig``; ``model_from_hf`` builds either family's model.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from pydantic import ValidationError
 
 from gpusim.errors import InvalidModel, InvalidProfile
 from gpusim.hardware.catalog import format_validation_error, read_text_file
-from gpusim.workload.zoo.transformer import TransformerConfig
+from gpusim.workload.model import Model
+from gpusim.workload.zoo.t5 import DEFAULT_SEQ, MLPS, T5Config, build_t5
+from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
 # Rotary decoders with RMS norm and a gated MLP, the Llama layout, and what each family
 # changes about it. Defaults are those of the family's transformers Config class.
@@ -49,10 +54,18 @@ _OTHERS = ("gpt2", "gpt_neox", "bert", "roberta")
 _VISION = ("vit", "clip_vision_model")  # image transformers: patches and a class token
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")  # MLA attention, dense first blocks, experts
 _NOT_YET = {
-    "t5": "an encoder-decoder", "clip": "a vision and text pair (give its vision_config as "
-    "a clip_vision_model config to build the image tower)",
+    "clip": "a vision and text pair (give its vision_config as a clip_vision_model config "
+    "to build the image tower)",
 }
-SUPPORTED = (*_LLAMA_LIKE, *_DEEPSEEK, *_OTHERS, *_VISION)
+# Encoder-decoders and the defaults of their transformers Config classes: T5 v1.0 is ReLU
+# with a tied head; mT5 (T5 v1.1's layout) gated GELU with a head of its own; UMT5 gated
+# GELU, tied, with a relative position bias table in every self-attention.
+_T5: dict[str, dict[str, Any]] = {
+    "t5": {"mlp": "relu", "tied": True},
+    "mt5": {"mlp": "gated-gelu", "tied": False},
+    "umt5": {"mlp": "gated-gelu", "tied": True, "bias_every_layer": True},
+}
+SUPPORTED = (*_LLAMA_LIKE, *_DEEPSEEK, *_OTHERS, *_VISION, *_T5)
 
 # The sequence length a config runs at unless told: its context, up to this (long-context
 # models train most tokens at 4-8K and extend the context at the end).
@@ -194,11 +207,8 @@ def _experts(f: _Fields, family: dict[str, Any], source: str) -> dict[str, Any]:
     return fields
 
 
-def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = None,
-                        seq_len: int | None = None, repo: str = "") -> TransformerConfig:
-    """The TransformerConfig of a Hugging Face config mapping (``model_type`` and its
-    family's fields); ``repo`` names the model repository it came from."""
-    kind = data.get("model_type")
+def _check_kind(kind: Any, source: str) -> None:
+    """A model_type gpusim reads, or InvalidModel saying why not."""
     if not isinstance(kind, str) or not kind:
         raise InvalidModel(f"{source}: no model_type; a Hugging Face config.json names its "
                            f"family there")
@@ -208,6 +218,81 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
     if kind not in SUPPORTED:
         raise InvalidModel(f"{source}: unknown model_type {kind!r}; gpusim reads "
                            f"{', '.join(SUPPORTED)}")
+
+
+def _dropout_rate(data: dict[str, Any], source: str) -> float:
+    rate = data.get("dropout_rate", 0.1)
+    if rate is None:
+        return 0.1
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise InvalidModel(f"{source}: dropout_rate must be a number from 0 up to 1, "
+                           f"not {rate!r}")
+    return float(rate)
+
+
+def t5_from_hf(data: dict[str, Any], source: str, name: str | None = None,
+               seq_len: int | None = None, repo: str = "",
+               decoder_seq_len: int | None = None) -> T5Config:
+    """The T5Config of a t5, mt5 or umt5 config mapping. Its errors name the family as an
+    encoder-decoder, whose fields (d_model, d_kv, d_ff, num_layers, num_heads) are not the
+    decoders' names."""
+    kind = data.get("model_type")
+    _check_kind(kind, source)
+    assert isinstance(kind, str)
+    if kind not in _T5:
+        raise InvalidModel(f"{source}: model_type {kind!r} is not an encoder-decoder")
+    family = _T5[kind]
+    f = _Fields(data, f"{source} ({kind} encoder-decoder)")
+    proj = f.text("feed_forward_proj", default=family["mlp"])
+    mlp = next((m for m in MLPS if m == proj), None)
+    if mlp is None:
+        raise InvalidModel(f"{f.source}: feed_forward_proj {proj!r} is not modelled "
+                           f"({', '.join(MLPS)} are)")
+    layers = f.need("num_layers")
+    what = f"{repo} ({kind} config)" if repo else f"Hugging Face {kind} config"
+    return T5Config(
+        name=name or kind, layers=layers,
+        decoder_layers=f.count("num_decoder_layers", default=layers) or layers,
+        d_model=f.need("d_model"), d_kv=f.count("d_kv", default=64) or 64,
+        d_ff=f.need("d_ff"), heads=f.need("num_heads"), vocab=f.need("vocab_size"),
+        mlp=mlp,
+        tied=f.flag("tie_word_embeddings", family["tied"]),
+        buckets=f.count("relative_attention_num_buckets", default=32) or 32,
+        bias_every_layer=family.get("bias_every_layer", False),
+        seq_len=seq_len or min(f.count("n_positions", default=DEFAULT_SEQ) or DEFAULT_SEQ,
+                               LONGEST_DEFAULT_SEQ),
+        decoder_seq_len=decoder_seq_len, dropout=_dropout_rate(data, f.source) > 0,
+        description=what + "; the relative position bias add is not costed",
+        source=source)
+
+
+def model_from_hf(data: dict[str, Any], source: str, name: str | None = None,
+                  seq_len: int | None = None, repo: str = "",
+                  decoder_seq_len: Any = None) -> Model:
+    """The model a Hugging Face config mapping describes: an encoder-decoder (t5, mt5,
+    umt5) with ``decoder_seq_len`` target tokens (default: as many as its inputs), or a
+    transformer of one stack."""
+    if decoder_seq_len is not None and (isinstance(decoder_seq_len, bool) or not isinstance(
+            decoder_seq_len, int) or decoder_seq_len <= 0):
+        raise InvalidModel(f"{source}: decoder_seq_len must be a positive integer, "
+                           f"not {decoder_seq_len!r}")
+    if data.get("model_type") in _T5:
+        return build_t5(t5_from_hf(data, source, name, seq_len, repo, decoder_seq_len))
+    if decoder_seq_len is not None:
+        raise InvalidModel(f"{source}: decoder_seq_len applies to encoder-decoders "
+                           f"({', '.join(_T5)}), not model_type {data.get('model_type')!r}")
+    return build_transformer(transformer_from_hf(data, source, name, seq_len, repo))
+
+
+def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = None,
+                        seq_len: int | None = None, repo: str = "") -> TransformerConfig:
+    """The TransformerConfig of a Hugging Face config mapping (``model_type`` and its
+    family's fields); ``repo`` names the model repository it came from."""
+    kind = data.get("model_type")
+    _check_kind(kind, source)
+    if kind in _T5:
+        raise InvalidModel(f"{source}: model_type {kind!r} is an encoder-decoder; "
+                           f"model_from_hf builds it")
     f = _Fields(data, source)
     fields: dict[str, Any] = {"name": name or kind}
     if kind in _LLAMA_LIKE:
