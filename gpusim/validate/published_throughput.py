@@ -23,6 +23,7 @@ from gpusim.estimate import estimate
 from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
+from gpusim.stack import Stack, load_stack
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -124,6 +125,10 @@ def _stack(case: dict[str, Any]) -> str:
         return "megatron"
     if "llm-foundry" in source:
         return "llm-foundry-2023"
+    if "pytorch-training-benchmark" in source and "torchtitan" not in str(case["framework"]):
+        # train_fsdp.py: its own modules in bf16, Transformer Engine layers for fp8
+        te = str(case["training"]["precision"]).startswith("fp8")
+        return "amd-ptb-2025-te" if te else "amd-ptb-2025"
     return "pytorch"
 
 
@@ -152,7 +157,15 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     other = str(t.get("other", "")).lower()
     # PyTorch's async TP, or Megatron's TP communication overlap (TE userbuffers)
     async_tp = "async tp on" in other or "tp communication overlap" in other
-    stack = _stack(case)
+    stack: str | Stack = _stack(case)
+    if stack == "amd-ptb-2025":
+        # train_fsdp.py compiles the model unless told not to (enable_compile=True), and the
+        # published bf16 commands do not say so; its Mistral repeats K and V per head
+        # (mistral.py: k.repeat_interleave before FlashSelfAttention)
+        compiled = True
+        flags.append("compiled, the benchmark script's default")
+        if "mistral" in str(case["model"]["name"]).lower():
+            stack = load_stack(stack).model_copy(update={"kv_heads": "expanded"})
     kwargs: dict[str, Any] = {
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
