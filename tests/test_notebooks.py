@@ -87,3 +87,36 @@ def test_notebook_runs(path: Path) -> None:
     ran = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert all(cell.get("execution_count") for cell in ran), f"{path.name}: a cell did not run"
     print(f"{path.name}: {len(ran)} code cells, {len(images)} figures in {elapsed:.1f} s")
+    _check_tour_picture(path, nb)
+
+
+# A committed tour picture may differ from a fresh render in this many of its pixels (text
+# antialiasing between builds); a moved bar or point changes more (a stale picture of
+# notebooks 02 and 04 differed in 2-6% of them).
+TOUR_PIXELS_DIFFERING = 0.01
+
+
+def _check_tour_picture(path: Path, nb: Any) -> None:
+    """The README's tour picture of this notebook (docs/tour/<name>.png) is what the notebook
+    draws today, so the README never shows old numbers."""
+    import base64
+    import io
+
+    import matplotlib.image
+    import numpy as np
+
+    committed = NOTEBOOKS_DIR.parent / "docs" / "tour" / f"{path.stem}.png"
+    tagged = [cell for cell in nb.cells if cell.cell_type == "code"
+              and "tour" in cell.get("metadata", {}).get("tags", [])]
+    if not tagged:
+        return
+    fresh = next((out["data"]["image/png"] for out in tagged[0].outputs
+                  if "image/png" in out.get("data", {})), None)
+    assert fresh is not None, f"{path.name}: the cell tagged 'tour' drew no figure"
+    new = matplotlib.image.imread(io.BytesIO(base64.b64decode(fresh)), format="png")
+    old = matplotlib.image.imread(committed)
+    stale = (f"{path.name}: docs/tour/{committed.name} is not what the notebook draws today; "
+             f"re-render it: python notebooks/render_tour.py {path.name}")
+    assert new.shape == old.shape, stale
+    differing = float(np.abs(new - old).max(axis=-1).astype(bool).mean())
+    assert differing <= TOUR_PIXELS_DIFFERING, f"{stale} ({differing:.1%} of pixels differ)"
