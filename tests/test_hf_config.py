@@ -193,13 +193,13 @@ def test_shipped_config_matches_its_published_parameter_count(path: Path) -> Non
 
 
 def test_enough_shipped_configs_build_and_match_exact_published_counts() -> None:
-    """At least 40 configs build, and at least 25 of them match a published count printed
+    """At least 40 configs build, and at least 30 of them match a published count printed
     to three digits or more (not just a size name like '7B') within 1%."""
     results = [_shipped_error(p) for p in SHIPPED]
     built = [r for r in results if r is not None]
     assert len(built) >= 40
     exact = [e for counts, e in built if counts in ("total", "non_embedding")]
-    assert len(exact) >= 25 and all(abs(e) <= 0.01 for e in exact)
+    assert len(exact) >= 30 and all(abs(e) <= 0.01 for e in exact)
     assert {p.stem for p in SHIPPED} <= set(zoo.names())
 
 
