@@ -12,6 +12,7 @@ the reason.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import time
@@ -21,7 +22,8 @@ from typing import Any, Literal
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError, OutOfMemory
-from gpusim.estimate import mfu_peak, simulate_parallel_step
+from gpusim.estimate import mfu_peak
+from gpusim.hardware.calibration import calibration_for
 from gpusim.plan.job import (
     AUTO_PRECISION,
     Checkpointing,
@@ -29,9 +31,11 @@ from gpusim.plan.job import (
     TrainingPrecision,
     auto_precision,
 )
+from gpusim.plan.memory import MemoryPlan
 from gpusim.plan.parallel import ParallelPlan, plan_parallel, stage_memory, tied_embedding_params
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits_parallel
+from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
 from gpusim.workload.moe import MoE
@@ -199,10 +203,32 @@ def closed_form_step(plan: ParallelPlan) -> float:
         if p.zero:
             exposed += plan.collective_s("all_gather", "data",
                                          worst.trainable_params * weight)
-    tied = tied_embedding_params(job)
+    tied = tied_embedding_params(job, plan.cache)
     if tied:
         exposed += plan.collective_s("all_reduce", "embedding", tied * grad)
     return max(pipeline + exposed + optimizer, m * job.input_interval_s)
+
+
+def _simulated(plan: ParallelPlan, mems: list[MemoryPlan]) -> tuple[float, float, float]:
+    """Step seconds, peak bytes per GPU and MFU of one simulated step, as
+    simulate_parallel_step finds them, from the search's own plan of the job and its
+    stages' memory (a fresh plan would cost every chunk again)."""
+    job = plan.job
+    check_fits_parallel(job, mems)
+    # The event simulation allocates hundreds of thousands of short-lived objects, and
+    # Python's cyclic collector would walk everything alive each time their count builds
+    # up (a tenth of the simulation's time); paused, it frees their cycles once it ends.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        step = simulate_pipeline(plan, trace=False).step_time_s
+    finally:
+        if enabled:
+            gc.enable()
+    flops = float(job.batch_size * job.model_flops_per_sample)
+    peak_flops = mfu_peak(job.topology.gpu, job.model, job.whole.numerics())
+    mfu = flops / step / (peak_flops * job.topology.num_gpus)
+    return step, max(m.peak_bytes for m in mems), mfu
 
 
 def search(model: Model, topology: Topology, batch: int, *,
@@ -217,6 +243,7 @@ def search(model: Model, topology: Topology, batch: int, *,
                                  else precision)  # type: ignore[assignment]
     options = list(candidates(model, topology, batch))
     chunk_cache: dict[Any, Any] = {}
+    cal = calibration_for(topology.gpu)  # the same for every job: looked up once
     fits: list[tuple[float, ParallelJob, float]] = []
     rejected: list[tuple[str, str]] = []
     # Recompute modes come in order of the work they re-run; once a split fits with one,
@@ -243,7 +270,7 @@ def search(model: Model, topology: Topology, batch: int, *,
         try:
             job = ParallelJob(model, topology, batch, config, chosen, optimizer, rec,
                               loader_workers=loader_workers)
-            plan = plan_parallel(job, cache=chunk_cache)
+            plan = plan_parallel(job, cal, cache=chunk_cache)
             edges = {0, len(plan.stages) - 1}  # the first stage keeps most activations
             mems = [stage_memory(plan, plan.stages[s]) for s in sorted(edges)]
             check_fits_parallel(job, mems)
@@ -259,17 +286,26 @@ def search(model: Model, topology: Topology, batch: int, *,
     if progress:
         progress(len(options), len(options))
     fits.sort(key=lambda f: f[0])
+    # The best plans and their stages' memory, then the search's costs let go: the
+    # simulations allocate hundreds of thousands of events, and each of Python's full
+    # collections meanwhile walks whatever is still alive.
+    best = []
+    for _, job, _ in fits[:top]:
+        plan = plan_parallel(job, cal, cache=chunk_cache)
+        best.append((plan, [stage_memory(plan, stage) for stage in plan.stages]))
+    chunk_cache.clear()
     ranked = []
     flops = batch * model.training_flops_per_sample
+    peaks: dict[Any, float] = {}  # the MFU's peak, by the numerics it is taken at
     for k, (seconds, job, peak) in enumerate(fits):
         simulated = k < top
         if simulated:
-            step = simulate_parallel_step(job, trace=False)
-            seconds, peak = step.step_time_s, step.peak_memory_bytes
-            mfu = step.mfu
+            seconds, peak, mfu = _simulated(*best[k])
         else:
-            gpu_peak = mfu_peak(topology.gpu, model, job.whole.numerics())
-            mfu = flops / seconds / (gpu_peak * topology.num_gpus)
+            numerics = job.whole.numerics()
+            if numerics not in peaks:
+                peaks[numerics] = mfu_peak(topology.gpu, model, numerics)
+            mfu = flops / seconds / (peaks[numerics] * topology.num_gpus)
         ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu))
     ranked.sort(key=lambda r: r.step_time_s)
     return SearchResult(tuple(ranked), tuple(rejected), len(options),

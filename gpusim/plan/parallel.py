@@ -10,12 +10,20 @@ the plan costs one representative rank per stage:
   the head and loss to the last. The schedule is simulated in ``gpusim.sim.pipeline``.
 - data parallelism with ZeRO stage 0-3 (3 is FSDP full sharding): what is reduced, gathered
   and sharded, and when, is described here and scheduled by the simulator.
+
+A search plans thousands of jobs over one cache: each layer step is lowered and costed once
+per shape, and a chunk of identical blocks is put together from the costs of three of them
+(_template), which add up term by term in the order the whole chunk would add them, so its
+totals are the same to the last bit.
 """
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpusim import units
 from gpusim.comm.collectives import Collective, collective_seconds
@@ -35,7 +43,13 @@ from gpusim.plan.lower import (
     optimizer_ops,
     parameter_tensors,
 )
-from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, activation_split, memory_plan
+from gpusim.plan.memory import (
+    FRAMEWORK_RESERVED_BYTES,
+    MemoryPlan,
+    activation_split,
+    activations_by_layer,
+    memory_plan,
+)
 from gpusim.plan.offload import offload_seconds
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
@@ -163,32 +177,77 @@ def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[C
     return out
 
 
-def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Calibration,
-          host_per_op: float, act: int, queue: Queue | None = None,
-          fp8: frozenset[str] = frozenset()) -> Work:
-    """Cost a pass: kernels in order, each layer's tensor-parallel collectives after it
-    (the ``fp8`` layers gather their inputs already cast: tp_collectives)."""
-    n = job.parallel.microbatch_size
-    tp_group = job.topology.place(job.parallel.tensor, stride=1)
-    cp_group = job.topology.place(job.parallel.context, stride=job.parallel.tensor)
-    ep_group = expert_group(job)
-    compute = recompute = comm = cp_comm = ep_comm = flops = active = 0.0
+@dataclass(frozen=True)
+class PassTerms:
+    """What a pass's totals add up, term by term in issue order: kernel by kernel, and
+    collective by collective for the collectives. A pass of several blocks is its parts'
+    terms one after another, so totals summed from joined terms equal those of the pass
+    costed whole, to the last bit (float addition depends on its order)."""
+
+    device: tuple[float, ...]  # kernel seconds
+    active: tuple[float, ...]  # kernel seconds at the roofline limit
+    recompute: tuple[float, ...]  # kernel seconds of the recompute kernels
+    flops: tuple[float, ...]  # FLOPs of the other kernels
+    host: tuple[float, ...]  # dispatch seconds, before the backward() call is charged
+    backward_at: int  # the kernel charged the backward() call (-1: none)
+    tp: tuple[float, ...]  # exposed seconds of each tensor-parallel collective
+    cp: tuple[float, ...]  # seconds of each context-parallel collective
+    ep: tuple[float, ...]  # seconds of each expert-parallel all-to-all
+
+
+def _joined(parts: list[PassTerms]) -> PassTerms:
+    """The terms of parts run one after another."""
+    backward_at, offset = -1, 0
+    for part in parts:
+        if part.backward_at >= 0:
+            backward_at = offset + part.backward_at
+            break
+        offset += len(part.device)
+
+    def chain(field: str) -> tuple[float, ...]:
+        return tuple(itertools.chain.from_iterable(getattr(t, field) for t in parts))
+
+    return PassTerms(chain("device"), chain("active"), chain("recompute"), chain("flops"),
+                     chain("host"), backward_at, chain("tp"), chain("cp"), chain("ep"))
+
+
+def _added(terms: tuple[float, ...]) -> float:
+    """Terms added left to right from 0.0, as a ``+=`` loop adds them (the builtin sum
+    compensates rounding from Python 3.12 on)."""
+    return functools.reduce(operator.add, terms, 0.0)
+
+
+def _pass_groups(job: ParallelJob) -> tuple[CommGroup, CommGroup, CommGroup]:
+    """The groups a pass's collectives cross: tensor, context and expert parallel."""
+    p = job.parallel
+    return (job.topology.place(p.tensor, stride=1),
+            job.topology.place(p.context, stride=p.tensor), expert_group(job))
+
+
+def _pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
+                cal: Calibration, host_per_op: float, act: int,
+                fp8: frozenset[str] = frozenset(),
+                groups: tuple[CommGroup, CommGroup, CommGroup] | None = None) -> PassTerms:
+    """The terms of a pass: kernels in order, each layer's tensor-parallel collectives after
+    it (the ``fp8`` layers gather their inputs already cast: tp_collectives)."""
+    p = job.parallel
+    n = p.microbatch_size
+    tp_group, cp_group, ep_group = groups or _pass_groups(job)
     # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
     gemm_s: dict[tuple[str, str], float] = defaultdict(float)
     passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
-    device_s = []
-    for layer, suffix, phase, cost, busy, op_flops, _ in ops:
-        device_s.append(cost)
-        compute += cost
-        active += busy
+    recompute, flops = [], []
+    for layer, suffix, phase, cost, _, op_flops, _ in ops:
         if phase == "recompute":
-            recompute += cost
+            recompute.append(cost)
         else:
-            flops += op_flops
+            flops.append(op_flops)
         gemm_s[(layer, suffix)] += cost
         if layer in layers:
             passes.setdefault((phase, layer))
-    p = job.parallel
+    tp: list[float] = []
+    cp: list[float] = []
+    ep: list[float] = []
     for phase, name in passes:
         gathered = DTYPE_BYTES["fp8"] if name in fp8 else None  # recompute gathers again
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
@@ -198,22 +257,35 @@ def _work(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob, cal: Ca
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             if p.tp_overlap and beside:
                 # split into TP chunks pipelined with the product: one chunk stays exposed
-                comm += max(seconds / p.tensor, seconds - hidden)
+                tp.append(max(seconds / p.tensor, seconds - hidden))
             else:
-                comm += max(0.0, seconds - hidden)
+                tp.append(max(0.0, seconds - hidden))
         for collective, size in cp_collectives(layers[name], phase, n, act):
-            cp_comm += collective_seconds(collective, cp_group, size)
+            cp.append(collective_seconds(collective, cp_group, size))
         for collective, size in ep_collectives(layers[name], phase, n, act):
-            ep_comm += collective_seconds(collective, ep_group, size)
-    if p.ep_overlap:
+            ep.append(collective_seconds(collective, ep_group, size))
+    host, backward_at = _host_seconds(ops, layers, cal, host_per_op, job.whole.framework)
+    return PassTerms(tuple(op[3] for op in ops), tuple(op[4] for op in ops), tuple(recompute),
+                     tuple(flops), tuple(host), backward_at, tuple(tp), tuple(cp), tuple(ep))
+
+
+def _work(terms: PassTerms, job: ParallelJob, cal: Calibration,
+          queue: Queue | None = None) -> Work:
+    """Cost a pass from its terms."""
+    compute = _added(terms.device)
+    ep_comm = _added(terms.ep)
+    if job.parallel.ep_overlap:
         # the other microbatch's compute runs while these all-to-alls are in flight; this
         # pass's compute stands for it (pipeline warm-up and cool-down have no partner)
         ep_comm = max(0.0, ep_comm - compute)
-    host = _host_seconds(ops, layers, cal, host_per_op, job.whole.framework)
+    host = list(terms.host)
+    if terms.backward_at >= 0:
+        host[terms.backward_at] += units.us(cal.overhead.backward_call_us)
     queue = queue or Queue()
     lead = max(0.0, queue.done - queue.dispatched)
-    return Work(compute, recompute, comm, sum(host), flops, len(ops), active, cp_comm,
-                ep_comm, queue.run(host, device_s), lead)
+    return Work(compute, _added(terms.recompute), _added(terms.tp), sum(host),
+                _added(terms.flops), len(terms.device), _added(terms.active), _added(terms.cp),
+                ep_comm, queue.run(host, list(terms.device)), lead)
 
 
 @dataclass
@@ -229,30 +301,32 @@ class Queue:
     def run(self, host: list[float], device: list[float]) -> float:
         """Seconds the device idles, waiting for the host, over these kernels."""
         idle = 0.0
+        dispatched, done = self.dispatched, self.done
         for h, d in zip(host, device, strict=True):
-            self.dispatched += h
-            if self.dispatched > self.done:
-                idle += self.dispatched - self.done
-                self.done = self.dispatched
-            self.done += d
+            dispatched += h
+            if dispatched > done:
+                idle += dispatched - done
+                done = dispatched
+            done += d
+        self.dispatched, self.done = dispatched, done
         return idle
 
 
 def _host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
-                  host_per_op: float, stack: Stack | None = None) -> list[float]:
+                  host_per_op: float, stack: Stack | None = None) -> tuple[list[float], int]:
     """What the host spends dispatching each op of a pass, as the single-device lowering
     charges it: the op's dispatch, and at a layer's first op its Python and autograd nodes
-    (a compiled block's kernels: their launch alone), and at the pass's first backward op
-    the backward() call."""
+    (a compiled block's kernels: their launch alone); and which op is the pass's first
+    backward op, charged the backward() call on top (-1: none)."""
     o = cal.overhead
     seen: set[tuple[str, str]] = set()
-    started = False
+    backward_at = -1
     out = []
     compiled = ({name for name, la in layers.items() if runs_compiled(la, stack)}
                 if stack is not None and stack.compiled else set())
     launch = units.us(o.launch_us)
     calls: dict[tuple[str, str], float] = {}
-    for layer, _, phase, _, _, _, extra in ops:
+    for i, (layer, _, phase, _, _, _, extra) in enumerate(ops):
         if layer in compiled:
             # a compiled block: each kernel launched from its graph, no Python per op
             out.append(launch + extra)
@@ -264,17 +338,29 @@ def _host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
             if kind not in calls:
                 calls[kind] = units.us(o.layer_call_us(*kind))
             host += calls[kind]
-        if phase == "backward" and not started:
-            started = True
-            host += units.us(o.backward_call_us)
+        if phase == "backward" and backward_at < 0:
+            backward_at = i
         out.append(host)
-    return out
+    return out, backward_at
+
+
+class _Layout(NamedTuple):
+    """Where a chunk's layers come from: ``lead`` leading layers (the embedding), ``blocks``
+    body blocks of ``block`` layers each (0: blocks of different shapes), ``tail`` trailing
+    layers (the head and loss)."""
+
+    lead: int
+    blocks: int
+    block: int
+    tail: int
 
 
 def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
-                  ) -> list[tuple[Layer, ...]]:
-    """The layers of every virtual stage (PP x virtual stages of them), sharded for TP.
-    Each layer is sharded once per split of it (``cache``), whatever the pipeline."""
+                  ) -> tuple[list[tuple[Layer, ...]],
+                             list[tuple[list[Layer], list[list[Layer]], list[Layer]]]]:
+    """The layers of every virtual stage (PP x virtual stages of them), sharded for TP, and
+    each one's parts: (leading layers, body blocks, trailing layers). Each layer is sharded
+    once per split of it (``cache``), whatever the pipeline."""
     p = job.parallel
     cache = {} if cache is None else cache
     key = ("sharded", p.tensor, p.expert_tensor, p.sequence_parallel, p.context, p.expert,
@@ -296,25 +382,26 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
     per = len(body) // count if count > 1 else len(body)
     sizes = list(p.stage_blocks) or [per] * count
     starts = [sum(sizes[:c]) for c in range(count)]
-    chunks: list[list[Layer]] = []
+    parts: list[tuple[list[Layer], list[list[Layer]], list[Layer]]] = []
+    chunks: list[tuple[Layer, ...]] = []
     for c in range(count):
         blocks = body[starts[c]:starts[c] + sizes[c]] if count > 1 else body
-        chunks.append([layer for block in blocks for layer in block])
-    chunks[0] = lead + chunks[0]
-    chunks[-1] = chunks[-1] + tail
-    return [tuple(c) for c in chunks]
+        first, last = lead if c == 0 else [], tail if c == count - 1 else []
+        parts.append((first, blocks, last))
+        chunks.append(tuple(first + [layer for block in blocks for layer in block] + last))
+    return chunks, parts
 
 
 def _split(job: ParallelJob, cache: dict[Any, Any]
-           ) -> tuple[list[tuple[Layer, ...]], list[tuple[int, ...]]]:
-    """Every chunk's layers and its signature: each layer, its name taken off, as a number
-    (equal layers, equal numbers), so that chunks of the same shape share one costing. Both
-    come from ``cache`` when a job of the same split was planned before."""
+           ) -> tuple[list[tuple[Layer, ...]], list[tuple[int, ...]], list[_Layout]]:
+    """Every chunk's layers, its signature (each layer, its name taken off, as a number:
+    equal layers, equal numbers, so that chunks of the same shape share one costing) and its
+    layout. All come from ``cache`` when a job of the same split was planned before."""
     p = job.parallel
     key = ("split", p.tensor, p.sequence_parallel, p.context, p.expert, p.pipeline,
            p.virtual_stages, p.stage_blocks)
     if key not in cache:
-        chunks = _chunk_layers(job, cache)
+        chunks, parts = _chunk_layers(job, cache)
         ids: dict[Layer, int] = cache.setdefault(("layer ids",), {})
         # The sharded layers are the same objects in every split of one sharding (see
         # _chunk_layers), so each is named-off and interned once.
@@ -327,9 +414,28 @@ def _split(job: ParallelJob, cache: dict[Any, Any]
                 by_object[id(la)] = found
             return found[1]
 
-        signatures = [tuple(number(la) for la in layers) for layers in chunks]
-        cache[key] = (chunks, signatures)
-    found: tuple[list[tuple[Layer, ...]], list[tuple[int, ...]]] = cache[key]
+        # So are the blocks: each is numbered once.
+        by_block: dict[int, tuple[list[Layer], tuple[int, ...]]] = cache.setdefault(
+            ("block numbers",), {})
+
+        def numbers(layers: list[Layer]) -> tuple[int, ...]:
+            if not layers:
+                return ()
+            found = by_block.get(id(layers))
+            if found is None or found[0] is not layers:
+                found = (layers, tuple(number(la) for la in layers))
+                by_block[id(layers)] = found
+            return found[1]
+
+        signatures, layouts = [], []
+        for lead, blocks, tail in parts:
+            shapes = [numbers(block) for block in blocks]
+            signatures.append(numbers(lead) + tuple(itertools.chain.from_iterable(shapes))
+                              + numbers(tail))
+            size = len(blocks[0]) if len(set(shapes)) == 1 else 0
+            layouts.append(_Layout(len(lead), len(blocks), size, len(tail)))
+        cache[key] = (chunks, signatures, layouts)
+    found: tuple[list[tuple[Layer, ...]], list[tuple[int, ...]], list[_Layout]] = cache[key]
     return found
 
 
@@ -357,32 +463,165 @@ def _chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[
     return out
 
 
+def _stage_job(job: ParallelJob, index: int, layers: tuple[Layer, ...]) -> TrainingJob:
+    sub = Model(f"{job.model.name}[{index}]", layers, job.model.input, job.model.family,
+                job.model.tokens_per_sample)
+    return job.stage_job(sub, first=index == 0)
+
+
+def _fp8_layers(stage_job: TrainingJob) -> frozenset[str]:
+    return (frozenset(la.name for la in stage_job.model.layers if runs_in_fp8(la, stage_job))
+            if stage_job.numerics().matmul == "fp8" else frozenset())
+
+
+def _sent_bytes(job: ParallelJob, layers: tuple[Layer, ...], act: int) -> float:
+    """What a chunk sends to the next stage per microbatch: its last layer's output."""
+    out = float(layers[-1].out_elements * job.parallel.microbatch_size * act)
+    if job.parallel.sequence_parallel:
+        out /= job.parallel.tensor  # stages exchange the sequence-split hidden states
+    return out
+
+
 def _chunk_plan(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
                 shape: tuple[Any, ...], job: ParallelJob, cal: Calibration,
                 host_per_op: float, cache: dict[Any, Any]) -> ChunkPlan:
-    sub = Model(f"{job.model.name}[{index}]", layers, job.model.input, job.model.family,
-                job.model.tokens_per_sample)
-    stage_job = job.stage_job(sub, first=index == 0)
+    """A chunk costed whole, layer step by layer step."""
+    stage_job = _stage_job(job, index, layers)
     ops = _chunk_ops(stage_job, signature, shape, cal, cache)
     by_name = {la.name: la for la in layers}
     fwd = [op for op in ops if op[2] == "forward"]
     bwd = [op for op in ops if op[2] != "forward"]
     act = stage_job.numerics().act_bytes
     queue = Queue()  # a microbatch's backward follows its forward on the same host
-    fp8 = (frozenset(la.name for la in layers if runs_in_fp8(la, stage_job))
-           if stage_job.numerics().matmul == "fp8" else frozenset())
-    forward = _work(fwd, by_name, job, cal, host_per_op, act, queue, fp8)
-    backward = _work(bwd, by_name, job, cal, host_per_op, act, queue, fp8)
-    out = float(layers[-1].out_elements * job.parallel.microbatch_size * act)
-    if job.parallel.sequence_parallel:
-        out /= job.parallel.tensor  # stages exchange the sequence-split hidden states
+    fp8 = _fp8_layers(stage_job)
+    groups = _pass_groups(job)
+    forward = _work(_pass_terms(fwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
+                    cal, queue)
+    backward = _work(_pass_terms(bwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
+                     cal, queue)
     kept, working = activation_split(stage_job)
     blocks: dict[str, int] = {}
     for la in layers:
         blocks[la.block or la.name] = blocks.get(la.block or la.name, 0) + la.params
-    return ChunkPlan(index, layers, forward, backward, out, kept, working,
-                     sum(la.params for la in layers), job.trainable_params(layers),
+    return ChunkPlan(index, layers, forward, backward, _sent_bytes(job, layers, act), kept,
+                     working, sum(la.params for la in layers), job.trainable_params(layers),
                      max(blocks.values()), forward.flops + backward.flops)
+
+
+# A chunk of at least three identical blocks is assembled from a template of three of them
+# (see _template), costed once and shared with chunks of other sizes; a chunk of two is
+# assembled where a larger one left its template, and one of a single block costed whole.
+TEMPLATE_BLOCKS = 3
+
+
+@dataclass(frozen=True)
+class _Part:
+    """What one part of a chunk (its leading layers, a block, its trailing layers) adds to
+    the chunk's plan, costed where it sits."""
+
+    forward: PassTerms
+    backward: PassTerms
+    kept: tuple[float, ...]  # activations it keeps for backward, entry by entry
+    params: int
+    trainable_params: int
+
+
+@dataclass(frozen=True)
+class _Template:
+    """A chunk's parts, costed once on the chunk's leading layers, three of its blocks and
+    its trailing layers: the leading layers, the first block (whose neighbour before it
+    differs), a later block (the second and third cost alike, checked), and the trailing
+    layers. A chunk of any number of those blocks is these parts put together."""
+
+    lead: _Part
+    first: _Part
+    block: _Part
+    tail: _Part
+    working_bytes: float
+    largest_block_params: int
+    act_bytes: int
+
+
+def _template(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
+              layout: _Layout, shape: tuple[Any, ...], job: ParallelJob, cal: Calibration,
+              host_per_op: float, cache: dict[Any, Any]) -> _Template | None:
+    """The parts of a chunk of identical blocks (``layout``), from three of them; None where
+    the parts do not come apart in order or the second and third blocks differ (the chunk
+    is then costed whole)."""
+    size = layout.lead + 3 * layout.block
+    keep = list(range(size)) + list(range(len(layers) - layout.tail, len(layers)))
+    t_layers = tuple(layers[i] for i in keep)
+    t_signature = tuple(signature[i] for i in keep)
+    part_of = {la.name: (0 if i < layout.lead else 4 if i >= size
+                         else 1 + (i - layout.lead) // layout.block)
+               for i, la in enumerate(t_layers)}
+    stage_job = _stage_job(job, index, t_layers)
+    ops = _chunk_ops(stage_job, t_signature, shape, cal, cache)
+    by_name = {la.name: la for la in t_layers}
+    act = stage_job.numerics().act_bytes
+    fp8 = _fp8_layers(stage_job)
+    groups = _pass_groups(job)
+
+    def parts(pass_ops: list[Costed], order: list[int]) -> list[PassTerms] | None:
+        """The pass's terms part by part, where its ops run part after part in ``order``."""
+        runs: list[list[Costed]] = [[] for _ in range(5)]
+        at = 0
+        for op in pass_ops:
+            part = part_of.get(op[0], -1)
+            if part not in order[at:]:
+                return None  # not one of the parts, or one that already ran
+            at = order.index(part)
+            runs[part].append(op)
+        return [_pass_terms(run, by_name, job, cal, host_per_op, act, fp8, groups)
+                for run in runs]
+
+    forward = parts([op for op in ops if op[2] == "forward"], [0, 1, 2, 3, 4])
+    backward = parts([op for op in ops if op[2] != "forward"], [4, 3, 2, 1, 0])
+    entries, working = activations_by_layer(stage_job)
+    block_part = {la.block: part_of[la.name] for la in t_layers if la.block}
+    kept: list[list[float]] = [[] for _ in range(5)]
+    order = []
+    for name, value in entries.items():
+        part = part_of.get(name, block_part.get(name.removesuffix(".input"), -1))
+        order.append(part)
+        if part >= 0:
+            kept[part].append(value)
+    if (forward is None or backward is None or -1 in order or order != sorted(order)
+            or any(not isinstance(la.params, int) for la in t_layers)):
+        return None
+    pieces = []
+    for k in range(5):
+        members = [la for la in t_layers if part_of[la.name] == k]
+        pieces.append(_Part(forward[k], backward[k], tuple(kept[k]),
+                            sum(la.params for la in members), job.trainable_params(members)))
+    if pieces[2] != pieces[3]:
+        return None
+    blocks: dict[str, int] = {}
+    for la in t_layers:
+        blocks[la.block or la.name] = blocks.get(la.block or la.name, 0) + la.params
+    return _Template(pieces[0], pieces[1], pieces[2], pieces[4], working,
+                     max(blocks.values()), act)
+
+
+def _assembled(t: _Template, index: int, layers: tuple[Layer, ...], blocks: int,
+               job: ParallelJob, cal: Calibration) -> ChunkPlan:
+    """A chunk of ``blocks`` blocks (two or more) put together from its template's parts,
+    term by term in the order the chunk runs them."""
+    rest = blocks - 1
+    queue = Queue()
+    forward = _work(_joined([t.lead.forward, t.first.forward]
+                            + [t.block.forward] * rest + [t.tail.forward]), job, cal, queue)
+    backward = _work(_joined([t.tail.backward] + [t.block.backward] * rest
+                             + [t.first.backward, t.lead.backward]), job, cal, queue)
+    kept = sum(itertools.chain(t.lead.kept, t.first.kept,
+                               itertools.chain.from_iterable([t.block.kept] * rest),
+                               t.tail.kept))
+    params = t.lead.params + t.first.params + rest * t.block.params + t.tail.params
+    trainable = (t.lead.trainable_params + t.first.trainable_params
+                 + rest * t.block.trainable_params + t.tail.trainable_params)
+    return ChunkPlan(index, layers, forward, backward, _sent_bytes(job, layers, t.act_bytes),
+                     kept, t.working_bytes, params, trainable, t.largest_block_params,
+                     forward.flops + backward.flops)
 
 
 def _optimizer_costs(job: ParallelJob, layers: tuple[Layer, ...], cal: Calibration
@@ -396,6 +635,62 @@ def _optimizer_costs(job: ParallelJob, layers: tuple[Layer, ...], cal: Calibrati
     return seconds, len(opt_ops), len(parameter_tensors(layers, job.whole.is_trainable))
 
 
+def _placed_chunks(job: ParallelJob, cal: Calibration, host_per_op: float,
+                   cache: dict[Any, Any]) -> tuple[tuple[ChunkPlan, ...], tuple[Any, ...]]:
+    """Every chunk's plan, in virtual-stage order, and its costing key. Chunks of the same
+    shape are costed once (middle chunks hold identical blocks under different names)."""
+    layer_chunks, signatures, layouts = _split(job, cache)
+    shape = _shape(job, cal)
+    trains_all = (tuple(tuple(job.whole.trains_weights(la) for la in layers)
+                        for layers in layer_chunks) if job.freezes else None)
+    # Blocks cost alike wherever they sit in a chunk, but for frozen layers (backward stops
+    # at the first that trains) and every-k recompute (which checkpoints every k-th block of
+    # a chunk): chunks of those are costed whole.
+    alike = trains_all is None and not job.checkpointing.startswith("every-k:")
+    plans, keys = [], []
+    for index, (layers, signature, layout) in enumerate(
+            zip(layer_chunks, signatures, layouts, strict=True)):
+        trains = trains_all[index] if trains_all is not None else ()
+        key = (shape, min(index, 1), trains, signature)
+        if key not in cache:
+            template = None
+            if alike and layout.block and layout.blocks >= 2:
+                # a template per shape of the chunk's ends and its block, whatever the count
+                lead, tail = signature[:layout.lead], signature[len(signature) - layout.tail:]
+                block = signature[layout.lead:layout.lead + layout.block]
+                t_key = ("template", shape, min(index, 1), lead, block, tail)
+                if t_key not in cache and layout.blocks >= TEMPLATE_BLOCKS:
+                    cache[t_key] = _template(index, layers, signature, layout, shape, job,
+                                             cal, host_per_op, cache)
+                template = cache.get(t_key)
+            cache[key] = (_assembled(template, index, layers, layout.blocks, job, cal)
+                          if template is not None else
+                          _chunk_plan(index, layers, signature, shape, job, cal, host_per_op,
+                                      cache))
+        c = cache[key]  # placed: its index and layers
+        plans.append(ChunkPlan(index, layers, c.forward, c.backward, c.activation_bytes,
+                               c.saved_bytes, c.working_bytes, c.params, c.trainable_params,
+                               c.largest_block_params, c.model_flops))
+        keys.append(key)
+    return tuple(plans), tuple(keys)
+
+
+def _shape(job: ParallelJob, cal: Calibration) -> tuple[Any, ...]:
+    """Everything of the job that changes how a chunk's layers lower and cost (the model,
+    cluster and stack are the same for every job that shares a cache): first what its
+    memory depends on too, then the recompute mode and the overlaps, which it does not."""
+    p = job.parallel
+    memory = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel,
+              job.precision, job.master_weights, job.fsdp, job.pure_bf16, job.fp8_recipe,
+              job.quantized_base, job.adapters_only, cal.name, job.whole.framework.compiled,
+              job.optimizer, job.offload)
+    return (memory, p.tp_overlap, p.ep_overlap, job.checkpointing)
+
+
+def _stage_layers(chunks: tuple[ChunkPlan, ...]) -> tuple[Layer, ...]:
+    return tuple(la for c in chunks for la in c.layers)
+
+
 def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
                   cache: dict[Any, Any] | None = None) -> ParallelPlan:
     """Cost every stage's chunks once (microbatches are identical), and place the groups.
@@ -407,65 +702,77 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     cal = calibration or calibration_for(job.topology.gpu)
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
     cache = {} if cache is None else cache
-    layer_chunks, signatures = _split(job, cache)
-    # Everything of the job that changes how a chunk's layers lower and cost (the model,
-    # cluster and stack are the same for every job that shares a cache).
-    shape = (p.tensor, p.context, p.expert, p.microbatch_size, p.sequence_parallel,
-             p.tp_overlap, p.ep_overlap, job.precision, job.checkpointing,
-             job.master_weights, job.fsdp, job.pure_bf16, job.fp8_recipe,
-             job.quantized_base, job.adapters_only, cal.name, job.whole.framework.compiled)
-    plans, keys = [], []
-    for index, (layers, signature) in enumerate(zip(layer_chunks, signatures, strict=True)):
-        # Middle chunks hold identical blocks under different names: cost one of each shape.
-        trains = tuple(job.whole.trains_weights(la) for la in layers) if job.freezes else ()
-        key = (shape, min(index, 1), trains, signature)
-        if key not in cache:
-            cache[key] = _chunk_plan(index, layers, signature, shape, job, cal, host_per_op,
-                                     cache)
-        plans.append(replace(cache[key], index=index, layers=layers))
-        keys.append(key)
+    plans, keys = _placed_chunks(job, cal, host_per_op, cache)
+    # The optimizer's kernels depend on the stage's layers and on these, not on the
+    # microbatch or the recompute mode.
+    optimizer_shape = (job.precision, job.master_weights, job.fsdp, job.pure_bf16,
+                       job.quantized_base, job.adapters_only, job.optimizer, cal.name)
     stages = []
     for s in range(p.pipeline):
         chunks = tuple(plans[k * p.pipeline + s] for k in range(p.virtual_stages))
         stage_key = tuple(keys[k * p.pipeline + s] for k in range(p.virtual_stages))
         params = sum(c.params for c in chunks)
-        layers = tuple(la for c in chunks for la in c.layers)
-        if ("shard", stage_key, p) not in cache:
-            cache[("shard", stage_key, p)] = zero_shard(p, layers)
-        shard = cache[("shard", stage_key, p)] if p.zero >= 1 else 1.0
-        if ("optimizer", stage_key) not in cache:
-            cache[("optimizer", stage_key)] = _optimizer_costs(job, layers, cal)
-        device_s, kernels, tensors = cache[("optimizer", stage_key)]
+        shard = _zero_shard_of(p, stage_key, chunks, cache) if p.zero >= 1 else 1.0
+        opt_key = ("optimizer", optimizer_shape, tuple(k[2:] for k in stage_key))
+        if opt_key not in cache:
+            cache[opt_key] = _optimizer_costs(job, _stage_layers(chunks), cal)
+        device_s, kernels, tensors = cache[opt_key]
         optimizer_s = device_s * shard
         if kernels and job.offload != "none":  # the step on the node's CPUs
             optimizer_s = offload_seconds(
-                job.trainable_params(layers) * shard, job.whole.grad_bytes,
+                job.trainable_params(_stage_layers(chunks)) * shard, job.whole.grad_bytes,
                 job.whole.numerics().act_bytes, job.topology.gpu, job.topology.system, cal,
                 sharing=job.topology.gpus_per_node)
         elif kernels and not job.master_weights:  # torch.optim's step() on the host
             optimizer_s = max(optimizer_s, optimizer_host_s(tensors, cal)
                               + host_per_op * kernels)
         stages.append(StagePlan(s, chunks, optimizer_s, params, stage_key))
-    groups = job.topology.parallel_groups(tensor=p.tensor, data=p.data, pipeline=p.pipeline)
-    # ZeRO's gathers and reduce-scatters run inside the shard group (all of DP unless hybrid
-    # sharding); hybrid sharding then all-reduces each gradient shard across the groups.
-    groups["shard"] = job.topology.place(p.shard_ranks, stride=p.tensor)
-    groups["context"] = job.topology.place(p.context, stride=p.tensor)
-    groups["expert"] = expert_group(job)
-    if p.shard_ranks < p.data:
-        groups["replicate"] = job.topology.place(p.data // p.shard_ranks,
-                                                 stride=p.tensor * p.shard_ranks)
-    if tied_embedding_params(job):
-        # The first and last stage's ranks of one tensor slice, (PP - 1) x TP x DP apart.
-        groups["embedding"] = job.topology.place(2, stride=(p.pipeline - 1) * p.tensor * p.data)
-    return ParallelPlan(job, tuple(stages), groups, cal, cache)
+    return ParallelPlan(job, tuple(stages), _groups(job, cache), cal, cache)
+
+
+def _groups(job: ParallelJob, cache: dict[Any, Any]) -> dict[str, CommGroup]:
+    """The job's communication groups, placed once per layout (``cache``)."""
+    p = job.parallel
+    tied = tied_embedding_params(job, cache)
+    key = ("groups", p.tensor, p.data, p.pipeline, p.shard_ranks, p.context, p.expert,
+           bool(tied))
+    if key not in cache:
+        groups = job.topology.parallel_groups(tensor=p.tensor, data=p.data,
+                                              pipeline=p.pipeline)
+        # ZeRO's gathers and reduce-scatters run inside the shard group (all of DP unless
+        # hybrid sharding); hybrid sharding then all-reduces each gradient shard across the
+        # groups.
+        groups["shard"] = job.topology.place(p.shard_ranks, stride=p.tensor)
+        groups["context"] = job.topology.place(p.context, stride=p.tensor)
+        groups["expert"] = expert_group(job)
+        if p.shard_ranks < p.data:
+            groups["replicate"] = job.topology.place(p.data // p.shard_ranks,
+                                                     stride=p.tensor * p.shard_ranks)
+        if tied:
+            # The first and last stage's ranks of one tensor slice, (PP - 1) x TP x DP apart.
+            groups["embedding"] = job.topology.place(
+                2, stride=(p.pipeline - 1) * p.tensor * p.data)
+        cache[key] = groups
+    return dict(cache[key])  # a plan's own: callers may add to it
 
 
 def zero_shard(p: ParallelConfig, layers: tuple[Layer, ...]) -> float:
     """The fraction of a rank's weight-sized state ZeRO leaves it: 1/shard ranks, but an
     expert's state is spread over the ranks holding the same experts only."""
-    f = expert_share(layers)
-    return (1 - f) / p.shard_ranks + f / p.expert_data
+    return _zero_fraction(p, expert_share(layers))
+
+
+def _zero_fraction(p: ParallelConfig, experts: float) -> float:
+    return (1 - experts) / p.shard_ranks + experts / p.expert_data
+
+
+def _zero_shard_of(p: ParallelConfig, stage_key: Any, chunks: tuple[ChunkPlan, ...],
+                   cache: dict[Any, Any]) -> float:
+    """zero_shard of a stage, its expert share found once per stage's layers (``cache``)."""
+    key = ("expert share", tuple(k[3] for k in stage_key))
+    if key not in cache:
+        cache[key] = expert_share(_stage_layers(chunks))
+    return _zero_fraction(p, cache[key])
 
 
 def expert_group(job: ParallelJob) -> CommGroup:
@@ -476,17 +783,25 @@ def expert_group(job: ParallelJob) -> CommGroup:
     return job.topology.place(p.expert, stride=stride)
 
 
-def tied_embedding_params(job: ParallelJob) -> int:
+def tied_embedding_params(job: ParallelJob, cache: dict[Any, Any] | None = None) -> int:
     """Parameters per rank of the word embedding that the first stage and the last stage's
     head share (Megatron-LM all-reduces their gradients between the two each step); 0 when
-    the pipeline has one stage or the head has weights of its own."""
+    the pipeline has one stage or the head has weights of its own. Found once per TP size
+    and set of frozen layers with a ``cache``."""
     if job.parallel.pipeline == 1:
         return 0
+    key = ("tied", job.parallel.tensor, job.frozen, job.adapters_only)
+    if cache is not None and key in cache:
+        found: int = cache[key]
+        return found
     _, _, tail = job.model.partition()
     tied = [la for la in tail if isinstance(la, Linear) and la.shared
             and job.whole.trains_weights(la)]
-    return sum(shard_layer(replace(la, shared=False), job.parallel.tensor, False).params
-               for la in tied)
+    params = sum(shard_layer(replace(la, shared=False), job.parallel.tensor, False).params
+                 for la in tied)
+    if cache is not None:
+        cache[key] = params
+    return params
 
 
 def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
@@ -494,35 +809,44 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
     states (divided over data-parallel ranks by the ZeRO stage), and the activations of the
     microbatches its schedule keeps in flight at once."""
     job, p = plan.job, plan.job.parallel
-    layers = tuple(la for c in stage.chunks for la in c.layers)
-    sub = Model(f"{job.model.name}-stage{stage.stage}", layers, job.model.input,
-                job.model.family, job.model.tokens_per_sample)
     cache = plan.cache if plan.cache is not None and stage.key is not None else {}
-    found: MemoryPlan | None = cache.get(("memory", stage.key, stage.stage == 0))
-    # Its activations are replaced below, from the chunks' own.
-    base = found or memory_plan(job.stage_job(sub, first=stage.stage == 0), (0.0, 0.0))
-    cache[("memory", stage.key, stage.stage == 0)] = base
-    tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches, p.virtual_stages)
-    shard = cache.get(("shard", stage.key, p)) or zero_shard(p, layers)  # see plan_parallel
+    shared = cache is plan.cache
+    # Its activations are replaced below, from the chunks' own; the rest does not depend on
+    # the recompute mode or the overlaps (the shape's first part, see _shape).
+    key = ("memory", tuple((k[0][0], *k[1:]) for k in stage.key) if shared else None,
+           stage.stage == 0)
+    base: MemoryPlan | None = cache.get(key)
+    if base is None:
+        sub = Model(f"{job.model.name}-stage{stage.stage}", _stage_layers(stage.chunks),
+                    job.model.input, job.model.family, job.model.tokens_per_sample)
+        base = memory_plan(job.stage_job(sub, first=stage.stage == 0), (0.0, 0.0))
+        cache[key] = base
+    saved = tuple(c.saved_bytes for c in stage.chunks)
+    flight_key = ("in flight", p.schedule, stage.stage, p.pipeline, job.microbatches,
+                  p.virtual_stages, saved)
+    if flight_key not in cache:
+        # the stage's last schedule only: the next job has the same one more often than not
+        order, tasks = cache.get(("schedule", stage.stage), (None, []))
+        if order != flight_key[:-1]:
+            order = flight_key[:-1]
+            tasks = schedule(p.schedule, stage.stage, p.pipeline, job.microbatches,
+                             p.virtual_stages)
+            cache[("schedule", stage.stage)] = (order, tasks)
+        cache[flight_key] = peak_in_flight(tasks, list(saved))
+    in_flight: float = cache[flight_key]
+    shard = (_zero_shard_of(p, stage.key, stage.chunks, cache) if shared
+             else zero_shard(p, _stage_layers(stage.chunks)))
     gathered = 0.0
     if p.zero == 3:
-        # The gathered weights of the running unit and of the prefetched next one, in the
-        # compute type (FSDP's mixed precision gathers 16-bit weights; 4-bit ones stay
-        # packed), and in backward the running unit's unsharded gradient (of the weights
-        # that train) until it is reduce-scattered.
-        whole, act = job.whole, job.whole.numerics().act_bytes
-        units: dict[str, float] = {}
-        for la in layers:
-            weight = (whole.frozen_bytes(la) if whole.quantized(la)
-                      else job.gathered_weight_bytes)
-            grad = act if whole.trains_weights(la) else 0.0
-            key = la.block or la.name
-            units[key] = units.get(key, 0.0) + la.params * (2.0 * weight + grad)
-        gathered = max(units.values(), default=0.0)
+        gathered_key = ("gathered", stage.key if shared else None)
+        if gathered_key not in cache:
+            cache[gathered_key] = _gathered_bytes(job, _stage_layers(stage.chunks))
+        gathered = cache[gathered_key]
     # PyTorch DDP copies each gradient into its bucket for the all-reduce (the default
     # gradient_as_bucket_view=False keeps the buckets beside the gradients for the job's
     # life); Megatron-LM's gradients live in their reduce buffer already.
     buckets = base.gradients if p.data > 1 and p.zero <= 1 and not job.master_weights else 0.0
+    working = max(c.working_bytes for c in stage.chunks)
     return replace(
         base,
         communication_buffers=buckets,
@@ -531,9 +855,23 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
         weights=base.weights * (shard if p.zero >= 3 else 1.0),
         gradients=base.gradients * (shard if p.zero >= 2 else 1.0),
         optimizer_states=base.optimizer_states * (shard if p.zero >= 1 else 1.0),
-        activations=peak_in_flight(tasks, [c.saved_bytes for c in stage.chunks])
-        + max(c.working_bytes for c in stage.chunks),
-        recompute_working=max(c.working_bytes for c in stage.chunks),
+        activations=in_flight + working,
+        recompute_working=working,
         gathered=gathered,
         framework_reserved=FRAMEWORK_RESERVED_BYTES,
     )
+
+
+def _gathered_bytes(job: ParallelJob, layers: tuple[Layer, ...]) -> float:
+    """ZeRO-3's gathered weights of the running unit and of the prefetched next one, in the
+    compute type (FSDP's mixed precision gathers 16-bit weights; 4-bit ones stay packed),
+    and in backward the running unit's unsharded gradient (of the weights that train) until
+    it is reduce-scattered."""
+    whole, act = job.whole, job.whole.numerics().act_bytes
+    per_unit: dict[str, float] = {}
+    for la in layers:
+        weight = whole.frozen_bytes(la) if whole.quantized(la) else job.gathered_weight_bytes
+        grad = act if whole.trains_weights(la) else 0.0
+        key = la.block or la.name
+        per_unit[key] = per_unit.get(key, 0.0) + la.params * (2.0 * weight + grad)
+    return max(per_unit.values(), default=0.0)

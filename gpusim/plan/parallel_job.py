@@ -306,9 +306,10 @@ class ParallelJob:
     def stage_job(self, model: Model, *, first: bool = True) -> TrainingJob:
         """A single-device job for one microbatch of a stage's layers."""
         # A stage is told only the prefixes among its layers; the whole model checks them all.
-        names = [layer.name for layer in model.layers]
-        frozen = self.frozen if model is self.model else tuple(
-            f for f in self.frozen if any(in_prefix(n, f) for n in names))
+        frozen = self.frozen
+        if frozen and model is not self.model:
+            names = [layer.name for layer in model.layers]
+            frozen = tuple(f for f in self.frozen if any(in_prefix(n, f) for n in names))
         return TrainingJob(model, self.topology.gpu, self.parallel.microbatch_size,
                            self.precision, 1, self.optimizer, self.checkpointing, frozen,
                            loader_workers=0, master_weights=self.master_weights,

@@ -1,0 +1,268 @@
+"""Predictions that speed-ups of planning and search must leave as they are (issue 21).
+
+The numbers below were recorded from the code before the search was made faster: parallel
+estimates across TP/PP/DP, microbatch, recompute, ZeRO, interleaving, sequence, context and
+expert parallelism, LoRA, frozen layers, fp8 and torch.compile, on A100s and H100s, and two
+searches, their ranking included. A change that moves any of them fails here; one that
+moves them on purpose records the new numbers and says why. Below them, chunks that
+plan_parallel puts together from their blocks' costs are checked against the same chunks
+costed whole, to the last bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import pytest
+
+from gpusim import estimate
+from gpusim.comm.topology import Topology
+from gpusim.explore.search import search
+from gpusim.workload import zoo
+
+REL = 1e-9
+
+
+def _case(**options: Any) -> dict[str, Any]:
+    return options
+
+
+# name: estimate() arguments
+ESTIMATES: dict[str, dict[str, Any]] = {
+    "gpt3-175b-tp8-pp16-dp8": _case(
+        model="gpt3-175b", batch_size=1536, system="dgx-a100", num_gpus=1024, tp=8, pp=16,
+        dp=8, microbatch_size=1, schedule="1f1b", checkpointing="selective"),
+    "gpt3-13b-interleaved-full-zero1-sp": _case(
+        model="gpt3-13b", batch_size=256, system="dgx-a100", num_gpus=64, tp=4, pp=4,
+        microbatch_size=2, schedule="interleaved", virtual_stages=2, checkpointing="full",
+        zero=1, sequence_parallel=True),
+    "llama3-8b-fsdp-per-op": _case(
+        model="llama3-8b", batch_size=64, system="dgx-h100", num_gpus=16, tp=2,
+        microbatch_size=1, zero=3, checkpointing="per-op"),
+    "gpt3-1.3b-ddp-autocast": _case(
+        model="gpt3-1.3b", batch_size=64, system="dgx-a100", num_gpus=16, microbatch_size=4,
+        checkpointing="full"),
+    "llama3-8b-per-op-pp-zero1-local-ddp": _case(
+        model="llama3-8b", batch_size=64, system="dgx-h100", num_gpus=16, tp=2, pp=2,
+        microbatch_size=2, zero=1, overlap_grad_reduce=False, checkpointing="per-op"),
+    "llama3-70b-tp-overlap": _case(
+        model="llama3-70b", batch_size=128, system="dgx-h100", num_gpus=64, tp=8, pp=4,
+        microbatch_size=1, sequence_parallel=True, tp_overlap=True,
+        checkpointing="selective"),
+    "gpt3-2.7b-gpipe-fp16": _case(
+        model="gpt3-2.7b", batch_size=128, system="dgx-a100", num_gpus=16, pp=4,
+        microbatch_size=4, schedule="gpipe", precision="fp16"),
+    "llama-2-13b-uneven-stages": _case(
+        model="llama-2-13b", batch_size=64, system="dgx-a100", num_gpus=32, tp=2, pp=4,
+        pp_layers=(9, 11, 11, 9), microbatch_size=1, zero=1, checkpointing="full"),
+    "mixtral-8x7b-ep": _case(
+        model="mixtral-8x7b", batch_size=64, system="dgx-h100", num_gpus=32, tp=2, pp=2,
+        ep=8, microbatch_size=1, sequence_parallel=True, checkpointing="full"),
+    "llama3-8b-lora": _case(
+        model="llama3-8b", batch_size=32, system="dgx-a100", num_gpus=8, tp=2,
+        microbatch_size=1, finetune="lora"),
+    "llama3-8b-cp-32k": _case(
+        model="llama3-8b", batch_size=16, system="dgx-h100", num_gpus=16, tp=4, cp=2,
+        seq_len=32768, microbatch_size=1, sequence_parallel=True, checkpointing="full"),
+    "llama3-8b-compiled-torchtitan": _case(
+        model="llama3-8b", batch_size=64, system="dgx-h100", num_gpus=16, tp=2,
+        microbatch_size=2, zero=3, stack="torchtitan", compile=True,
+        checkpointing="per-op"),
+    "llama3-8b-fp8-interleaved": _case(
+        model="llama3-8b", batch_size=64, system="dgx-h100", num_gpus=16, tp=4, pp=2,
+        microbatch_size=1, schedule="interleaved", virtual_stages=2, precision="fp8",
+        checkpointing="selective"),
+    "gpt3-1.3b-frozen": _case(
+        model="gpt3-1.3b", batch_size=64, system="dgx-a100", num_gpus=8, tp=2, pp=2,
+        microbatch_size=2, frozen=("embed", "h.0.", "h.1.")),
+}
+
+# name: (model, system, GPUs, global batch, search() options)
+SEARCHES: dict[str, tuple[str, str, int, int, dict[str, Any]]] = {
+    "gpt2-medium-h100x16": ("gpt2-medium", "dgx-h100", 16, 64, {"top": 3}),
+    "llama3-8b-a100x32": ("llama3-8b", "dgx-a100", 32, 128, {"top": 2}),
+}
+
+
+def _estimate(name: str) -> tuple[float, float, float]:
+    """(step seconds, peak bytes per GPU, active fraction) of one case."""
+    step = estimate(gpu=None, **{"precision": "bf16", **ESTIMATES[name]}).step
+    return step.step_time_s, step.peak_memory_bytes, step.active_fraction
+
+
+def _digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def _summary(name: str) -> dict[str, Any]:
+    """What a search found: its counts, its best ten rows in full, the order of every row
+    (a digest of their labels), weighted sums of every row's step time and peak, and the
+    rejections (a digest of their labels and reasons)."""
+    model, system, gpus, batch, options = SEARCHES[name]
+    found = search(zoo.get(model), Topology.build(system, gpus), batch, **options)
+    labels = [f"{r.config.describe()}, recompute {r.checkpointing}" for r in found.ranked]
+    return {
+        "counts": (found.considered, len(found.ranked), len(found.rejected), found.dominated),
+        "best": [(label, r.step_time_s, r.simulated, r.peak_memory_bytes, r.mfu)
+                 for label, r in zip(labels[:10], found.ranked, strict=False)],
+        "order": _digest(labels),
+        "step_sums": (math.fsum(r.step_time_s for r in found.ranked),
+                      math.fsum(i * r.step_time_s for i, r in enumerate(found.ranked))),
+        "peak_sums": (math.fsum(r.peak_memory_bytes for r in found.ranked),
+                      math.fsum(i * r.peak_memory_bytes for i, r in enumerate(found.ranked))),
+        "rejected": _digest([f"{label}: {why}" for label, why in found.rejected]),
+    }
+
+
+EXPECTED_ESTIMATES: dict[str, tuple[float, float, float]] = {
+    "gpt3-175b-tp8-pp16-dp8": (20.62767687776129, 52997675008.0, 0.7590652946259093),
+    "gpt3-13b-interleaved-full-zero1-sp": (4.832875411679837, 8822964736.0, 0.7958382873039972),
+    "llama3-8b-fsdp-per-op": (3.993914679877373, 25819513856.0, 0.8520539664604416),
+    "gpt3-1.3b-ddp-autocast": (0.5617083347451148, 31585746944.0, 0.9677718726107634),
+    "llama3-8b-per-op-pp-zero1-local-ddp": (4.385782001855184, 40685666304.0, 0.7742370862779866),
+    "llama3-70b-tp-overlap": (14.218134627793594, 68388519936.0, 0.8265520996777123),
+    "gpt3-2.7b-gpipe-fp16": (2.0687446291612908, 73331204096.0, 0.6445372118355984),
+    "llama-2-13b-uneven-stages": (5.435049997650356, 17694750720.0, 0.744940497221174),
+    "mixtral-8x7b-ep": (4.7152429668077485, 35669540864.0, 0.5990165567332835),
+    "llama3-8b-lora": (6.630748967531755, 32729210880.0, 0.9489787876367242),
+    "llama3-8b-cp-32k": (6.798344025719169, 42373160960.0, 0.8720827796520146),
+    "llama3-8b-compiled-torchtitan": (3.5004676892024458, 38625379328.0, 0.8739227157634025),
+    "llama3-8b-fp8-interleaved": (3.907041505646447, 40182480896.0, 0.7497275398227505),
+    "gpt3-1.3b-frozen": (0.9647762680668134, 9347321856.0, 0.749479310021079),
+}
+
+EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
+    "gpt2-medium-h100x16": {
+        "counts": (2240, 560, 0, 1680),
+        "best": [
+            ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-3, recompute none",
+             0.06711600030009093, True, 6769735936.0, 0.1419094062460147),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-3, sequence parallel, recompute none",
+             0.0687624846790622, True, 5926444800.0, 0.1385114542711307),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-1, sequence parallel, recompute none",
+             0.06888034666883998, False, 6700319232.0, 0.13827444565551067),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-2, sequence parallel, recompute none",
+             0.06888034666883998, False, 6077280256.0, 0.13827444565551067),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, sequence parallel, recompute none",
+             0.06916939617992432, False, 8569436160.0, 0.13769661552947896),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-3, recompute none",
+             0.0696607691235066, True, 6954049280.0, 0.13672533151775523),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-1, recompute none",
+             0.06977863111328439, False, 7727923712.0, 0.13649439090787788),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-2, recompute none",
+             0.06977863111328439, False, 7104884736.0, 0.13649439090787788),
+            ("TP 2 x PP 1 x DP 8, microbatch 8, recompute none",
+             0.07006768062436873, False, 9597040640.0, 0.13593131194470814),
+            ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-1, recompute none",
+             0.07090385593267251, False, 10220008960.0, 0.1343282622208478),
+        ],
+        "order": "75b4623d2c9d2ced",
+        "step_sums": (229.769472373123, 93730.72814043844),
+        "peak_sums": (2040675265280.0, 402723992685824.0),
+        "rejected": "e3b0c44298fc1c14",
+    },
+    "llama3-8b-a100x32": {
+        "counts": (2948, 663, 1114, 1171),
+        "best": [
+            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-2, sequence parallel, recompute none",
+             8.299292045170786, False, 66798366720.0, 0.6651700640702061),
+            ("TP 1 x PP 1 x DP 32, microbatch 1, ZeRO-3, recompute none",
+             8.332454978716429, True, 66122377216.0, 0.662522706156163),
+            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, sequence parallel, recompute none",
+             8.378357088785675, False, 33473688064.0, 0.6588929742338915),
+            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-3, recompute none",
+             8.450358756084746, False, 69569933824.0, 0.6532788465872608),
+            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-1, sequence parallel, recompute none",
+             8.456536075452341, False, 54483512320.0, 0.6528016403132666),
+            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-2, sequence parallel, recompute none",
+             8.456536075452341, False, 39426273280.0, 0.6528016403132666),
+            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-3, sequence parallel, recompute none",
+             8.486262056331237, True, 60845781504.0, 0.6505149834849889),
+            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-2, recompute none",
+             8.528537742751412, False, 75522519040.0, 0.6472904017005194),
+            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, recompute none",
+             8.606177186366317, False, 37835764224.0, 0.6414509603833095),
+            ("TP 1 x PP 1 x DP 32, microbatch 2, ZeRO-3, recompute per-op",
+             8.643392508223391, False, 63865907200.0, 0.6386891045583563),
+        ],
+        "order": "54f7adfc0f6a103a",
+        "step_sums": (8952.48092364633, 3444898.5017563775),
+        "peak_sums": (34728830873600.0, 1.1750020494067712e+16),
+        "rejected": "5343b368d7de9934",
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(ESTIMATES))
+def test_parallel_estimates_are_unchanged(name: str) -> None:
+    assert _estimate(name) == pytest.approx(EXPECTED_ESTIMATES[name], rel=REL)
+
+
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_search_results_and_ranking_are_unchanged(name: str) -> None:
+    got, want = _summary(name), EXPECTED_SEARCHES[name]
+    assert got["counts"] == want["counts"]
+    assert [row[0] for row in got["best"]] == [row[0] for row in want["best"]]
+    for row, expected in zip(got["best"], want["best"], strict=True):
+        assert row[1:] == pytest.approx(expected[1:], rel=REL), row[0]
+    assert got["order"] == want["order"]
+    assert got["step_sums"] == pytest.approx(want["step_sums"], rel=REL)
+    assert got["peak_sums"] == pytest.approx(want["peak_sums"], rel=REL)
+    assert got["rejected"] == want["rejected"]
+
+
+# (model, system, GPUs, batch, split, precision, recompute, job options): chunks of several
+# identical blocks, which plan_parallel assembles from a costed template of three.
+ASSEMBLED = [
+    ("gpt3-1.3b", "dgx-a100", 8, 16, {"tensor": 2, "pipeline": 2, "data": 2,
+                                      "schedule": "interleaved", "virtual_stages": 2},
+     "bf16", "full", {}),
+    ("gpt3-1.3b", "dgx-a100", 4, 16, {"tensor": 2, "pipeline": 2, "sequence_parallel": True,
+                                      "microbatch_size": 2}, "bf16", "per-op", {}),
+    ("gpt3-1.3b", "dgx-a100", 4, 16, {"pipeline": 2, "data": 2}, "fp16", "every-k:4", {}),
+    ("gpt3-1.3b", "dgx-a100", 2, 16, {"data": 2, "microbatch_size": 2}, "bf16", "full", {}),
+    ("llama3-8b", "dgx-h100", 4, 8, {"tensor": 2, "pipeline": 2, "sequence_parallel": True,
+                                     "tp_overlap": True}, "fp8", "selective", {}),
+    ("llama3-8b", "dgx-h100", 4, 8, {"tensor": 2, "data": 2, "zero": 3}, "bf16", "per-op",
+     {"stack": "torchtitan"}),
+    ("llama-2-13b", "dgx-a100", 8, 8, {"tensor": 2, "pipeline": 4, "stage_blocks": (9, 18, 2, 11)},
+     "bf16", "none", {}),
+    ("mixtral-8x7b", "dgx-h100", 8, 8, {"tensor": 2, "pipeline": 2, "data": 2, "expert": 2,
+                                        "sequence_parallel": True}, "bf16", "full", {}),
+]
+
+
+@pytest.mark.parametrize("case", ASSEMBLED, ids=lambda c: f"{c[0]}-{c[6]}")
+def test_chunks_assembled_from_blocks_equal_chunks_costed_whole(
+        case: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pass total, activation and parameter count of a chunk put together from its
+    blocks' costs is the one its whole lowering gives, to the last bit; so is every
+    stage's memory."""
+    from gpusim.plan import parallel
+    from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+    from gpusim.stack import load_stack
+
+    model, system, gpus, batch, split, precision, recompute, options = case
+    if "stack" in options:
+        options = {**options, "stack": load_stack(options["stack"])}
+    job = ParallelJob(zoo.get(model), Topology.build(system, gpus), batch,
+                      ParallelConfig(**split), precision, "adam", recompute, **options)
+    assembled = parallel.plan_parallel(job)
+    built = []
+    original = parallel._template
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(parallel, "_template", counted)
+    assert parallel.plan_parallel(job).stages == assembled.stages
+    assert any(t is not None for t in built) or recompute.startswith("every-k")
+    monkeypatch.setattr(parallel, "_template", lambda *args, **kwargs: None)
+    whole = parallel.plan_parallel(job)
+    for a, w in zip(assembled.stages, whole.stages, strict=True):
+        assert a.chunks == w.chunks
+        assert a.optimizer_s == w.optimizer_s
+        assert parallel.stage_memory(assembled, a) == parallel.stage_memory(whole, w)
