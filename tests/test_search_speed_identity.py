@@ -4,9 +4,9 @@ The numbers below were recorded from the code before the search was made faster:
 estimates across TP/PP/DP, microbatch, recompute, ZeRO, interleaving, sequence, context and
 expert parallelism, LoRA, frozen layers, fp8 and torch.compile, on A100s and H100s, and two
 searches, their ranking included. A change that moves any of them fails here; one that
-moves them on purpose records the new numbers and says why. Below them, chunks that
-plan_parallel puts together from their blocks' costs are checked against the same chunks
-costed whole, to the last bit.
+moves them on purpose records the new numbers (running this file prints them) and says
+why. Below them, chunks that plan_parallel puts together from their blocks' costs are
+checked against the same chunks costed whole, to the last bit.
 """
 
 from __future__ import annotations
@@ -266,3 +266,13 @@ def test_chunks_assembled_from_blocks_equal_chunks_costed_whole(
         assert a.chunks == w.chunks
         assert a.optimizer_s == w.optimizer_s
         assert parallel.stage_memory(assembled, a) == parallel.stage_memory(whole, w)
+
+
+if __name__ == "__main__":
+    # After a change that moves predictions on purpose: print today's figures in the form
+    # of EXPECTED_ESTIMATES and EXPECTED_SEARCHES above, to paste there (and say why they
+    # moved in the commit).  python tests/test_search_speed_identity.py
+    import pprint
+
+    pprint.pprint({name: _estimate(name) for name in ESTIMATES}, width=100)
+    pprint.pprint({name: _summary(name) for name in SEARCHES}, width=100)
