@@ -36,9 +36,10 @@ from gpusim.plan.job import (
 )
 from gpusim.plan.lower import lower
 from gpusim.plan.memory import memory_plan
-from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits, check_fits_parallel, required_bytes
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.report import StepResult, TrainingEstimate
 from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline

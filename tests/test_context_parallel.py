@@ -8,8 +8,9 @@ from gpusim.cli import main
 from gpusim.errors import InvalidConfig
 from gpusim.estimate import build_job, estimate
 from gpusim.plan.context_parallel import cp_collectives, split_sequence
-from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelJob
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import Numerics

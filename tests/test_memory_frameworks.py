@@ -18,10 +18,11 @@ from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import microbatch_ops
 from gpusim.plan.memory import ALLOCATOR_RESERVE, activations_by_layer, memory_plan
 from gpusim.plan.memory_report import largest_microbatch
-from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.recompute import parse_recompute
 from gpusim.plan.remedies import combination, remedies
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.workload import zoo
 from gpusim.workload.formats import model_from_spec
 from gpusim.workload.layers import Linear

@@ -9,8 +9,9 @@ import pytest
 from gpusim.cli import main
 from gpusim.errors import InvalidConfig
 from gpusim.estimate import build_job, estimate
-from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelJob
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.plan.tensor_parallel import shard_layer
 from gpusim.workload import zoo
 from gpusim.workload.model import Model

@@ -17,9 +17,10 @@ from gpusim.errors import InvalidConfig, OutOfMemory
 from gpusim.estimate import build_job, estimate, simulate_parallel_step
 from gpusim.explore.search import candidates, search
 from gpusim.hardware.catalog import load_gpu, load_system
-from gpusim.plan.parallel import plan_parallel, stage_memory, tied_embedding_params
+from gpusim.plan.parallel import plan_parallel, tied_embedding_params
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.schedules import peak_in_flight, schedule
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.plan.tensor_parallel import tp_collectives
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.workload import zoo

@@ -242,6 +242,7 @@ def test_chunks_assembled_from_blocks_equal_chunks_costed_whole(
     stage's memory."""
     from gpusim.plan import parallel
     from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+    from gpusim.plan.stage_memory import stage_memory
     from gpusim.stack import load_stack
 
     model, system, gpus, batch, split, precision, recompute, options = case
@@ -265,7 +266,7 @@ def test_chunks_assembled_from_blocks_equal_chunks_costed_whole(
     for a, w in zip(assembled.stages, whole.stages, strict=True):
         assert a.chunks == w.chunks
         assert a.optimizer_s == w.optimizer_s
-        assert parallel.stage_memory(assembled, a) == parallel.stage_memory(whole, w)
+        assert stage_memory(assembled, a) == stage_memory(whole, w)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ from gpusim.plan.job import (
     auto_precision,
 )
 from gpusim.plan.memory import MemoryPlan
-from gpusim.plan.parallel import ParallelPlan, plan_parallel, stage_memory, tied_embedding_params
+from gpusim.plan.parallel import ParallelPlan, plan_parallel, tied_embedding_params
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits_parallel
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model

@@ -13,8 +13,9 @@ from gpusim import units
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import layer_kind
 from gpusim.plan.memory import MemoryPlan, activations_by_layer, memory_plan
-from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelJob
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.workload.model import Model
 
 Job = TrainingJob | ParallelJob

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpusim.plan.parallel import plan_parallel, stage_memory
+from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelJob
+from gpusim.plan.stage_memory import stage_memory
 from gpusim.validate.megatron import MegatronCase, job_for
 
 
