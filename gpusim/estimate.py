@@ -35,8 +35,8 @@ from gpusim.plan.job import (
     auto_precision,
 )
 from gpusim.plan.lower import lower
-from gpusim.plan.memory import memory_plan
-from gpusim.plan.parallel import plan_parallel
+from gpusim.plan.memory import MemoryPlan, memory_plan
+from gpusim.plan.parallel import ParallelPlan, plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits, check_fits_parallel, required_bytes
 from gpusim.plan.stage_memory import stage_memory
@@ -149,13 +149,19 @@ PER_RANK_PASSES = 50_000
 def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = None, *,
                            trace: bool = True, per_rank: bool = False,
                            straggler: Straggler | None = None,
-                           comm_slowdown: float | None = None) -> StepResult:
+                           comm_slowdown: float | None = None,
+                           planned: tuple[ParallelPlan, list[MemoryPlan]] | None = None
+                           ) -> StepResult:
     """Simulate one step of a multi-GPU job (raises OutOfMemory if a stage does not fit);
     ``per_rank`` simulates every data-parallel replica, a ``straggler`` slows one rank,
     ``comm_slowdown`` slows kernels while a data-parallel collective runs beside them
-    (None: the published average, gpusim.sim.pipeline.COMM_SLOWDOWN)."""
-    plan = plan_parallel(job, calibration)
-    mems = [stage_memory(plan, stage) for stage in plan.stages]
+    (None: the published average, gpusim.sim.pipeline.COMM_SLOWDOWN). ``planned``: the
+    job's plan and every stage's memory where the caller has them (a search)."""
+    if planned is None:
+        plan = plan_parallel(job, calibration)
+        mems = [stage_memory(plan, stage) for stage in plan.stages]
+    else:
+        plan, mems = planned
     check_fits_parallel(job, mems)
     if per_rank:
         p = job.parallel

@@ -30,7 +30,7 @@ DEFAULT_STACK = "pytorch"
 # projection reads it through a view: FlashAttention (flash_fwd allocates out like q in that
 # order), the memory-efficient kernel (BMHK), FlashAttention-3 and the Triton kernel.
 # SDPA's cuDNN backend (the H100 default, "auto" there) ran with a copy in our profiles.
-BHSD_FREE_KERNELS = ("flash2", "flash3", "efficient", "triton")
+BSHD_OUTPUT_KERNELS = ("flash2", "flash3", "efficient", "triton")
 AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "triton", "math"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention",
@@ -221,6 +221,6 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
         if stack.attention != "auto":
             layer = replace(layer, fused=True, kernel=stack.attention)
         view = layer.fused and (stack.heads_merge == "view"
-                                or layer.kernel in BHSD_FREE_KERNELS)
+                                or layer.kernel in BSHD_OUTPUT_KERNELS)
         return replace(layer, merge_copy=not view)
     return layer

@@ -12,7 +12,6 @@ the reason.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import math
 import time
@@ -22,7 +21,7 @@ from typing import Any, Literal
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError, OutOfMemory
-from gpusim.estimate import mfu_peak
+from gpusim.estimate import mfu_peak, simulate_parallel_step
 from gpusim.hardware.calibration import calibration_for
 from gpusim.plan.job import (
     AUTO_PRECISION,
@@ -31,12 +30,10 @@ from gpusim.plan.job import (
     TrainingPrecision,
     auto_precision,
 )
-from gpusim.plan.memory import MemoryPlan
 from gpusim.plan.parallel import ParallelPlan, plan_parallel, tied_embedding_params
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits_parallel
 from gpusim.plan.stage_memory import stage_memory
-from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.workload.attention import Attention
 from gpusim.workload.model import Model
 from gpusim.workload.moe import MoE
@@ -210,28 +207,6 @@ def closed_form_step(plan: ParallelPlan) -> float:
     return max(pipeline + exposed + optimizer, m * job.input_interval_s)
 
 
-def _simulated(plan: ParallelPlan, mems: list[MemoryPlan]) -> tuple[float, float, float]:
-    """Step seconds, peak bytes per GPU and MFU of one simulated step, as
-    simulate_parallel_step finds them, from the search's own plan of the job and its
-    stages' memory (a fresh plan would cost every chunk again)."""
-    job = plan.job
-    check_fits_parallel(job, mems)
-    # The event simulation allocates hundreds of thousands of short-lived objects, and
-    # Python's cyclic collector would walk everything alive each time their count builds
-    # up (a tenth of the simulation's time); paused, it frees their cycles once it ends.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        step = simulate_pipeline(plan, trace=False).step_time_s
-    finally:
-        if enabled:
-            gc.enable()
-    flops = float(job.batch_size * job.model_flops_per_sample)
-    peak_flops = mfu_peak(job.topology.gpu, job.model, job.whole.numerics())
-    mfu = flops / step / (peak_flops * job.topology.num_gpus)
-    return step, max(m.peak_bytes for m in mems), mfu
-
-
 def search(model: Model, topology: Topology, batch: int, *,
            precision: TrainingPrecision | Literal["auto"] = "auto", optimizer: Optimizer = "adam",
            top: int = 10,
@@ -301,7 +276,8 @@ def search(model: Model, topology: Topology, batch: int, *,
     for k, (seconds, job, peak) in enumerate(fits):
         simulated = k < top
         if simulated:
-            seconds, peak, mfu = _simulated(*best[k])
+            step = simulate_parallel_step(job, trace=False, planned=best[k])
+            seconds, peak, mfu = step.step_time_s, step.peak_memory_bytes, step.mfu
         else:
             numerics = job.whole.numerics()
             if numerics not in peaks:

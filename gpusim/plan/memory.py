@@ -165,11 +165,16 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
 
     fp8_input = job.framework.fp8_saved_input == "fp8"
 
+    def fp8_copy(lay: Layer) -> bool:
+        """Whether a product keeps an fp8 copy of its input rather than the input itself."""
+        return (fp8_input and isinstance(lay, Linear)
+                and precision[lay.name].numerics.matmul == "fp8")
+
     def saved(lay: Layer) -> float:
         if isinstance(lay, (Linear, Conv2d)) and not job.trains_weights(lay):
             return 0.0  # a frozen product's input gradient needs its weight, not its input
         num = precision[lay.name].numerics
-        if fp8_input and num.matmul == "fp8" and isinstance(lay, Linear):
+        if fp8_copy(lay):
             return lay.saved_bytes(n, num) / num.act_bytes  # its fp8 copy, a byte each
         return lay.saved_bytes(n, num)
 
@@ -181,11 +186,9 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
         # A fused attention's output is its output projection's input, one tensor kept
         # once, where merging the heads is a view and the projection keeps it as it is
         # (not a frozen base's, not an fp8 copy of it).
-        if isinstance(lay, Attention) and isinstance(reader, Linear):
-            shared = lay.shared_output_bytes(n, precision[lay.name].numerics)
-            reader_num = precision[reader.name].numerics
-            if shared and own[reader.name] == reader.saved_bytes(n, reader_num) >= shared:
-                own[lay.name] -= shared
+        if (isinstance(lay, Attention) and isinstance(reader, Linear)
+                and job.trains_weights(reader) and not fp8_copy(reader)):
+            own[lay.name] -= lay.shared_output_bytes(n, precision[lay.name].numerics)
     mode = job.checkpointing
     if mode == "none":
         return own, 0.0

@@ -157,15 +157,16 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     other = str(t.get("other", "")).lower()
     # PyTorch's async TP, or Megatron's TP communication overlap (TE userbuffers)
     async_tp = "async tp on" in other or "tp communication overlap" in other
-    stack: str | Stack = _stack(case)
-    if stack == "amd-ptb-2025":
+    name = _stack(case)
+    stack: str | Stack = name
+    if name == "amd-ptb-2025":
         # train_fsdp.py compiles the model unless told not to (enable_compile=True), and the
         # published bf16 commands do not say so; its Mistral repeats K and V per head
         # (mistral.py: k.repeat_interleave before FlashSelfAttention)
         compiled = True
         flags.append("compiled, the benchmark script's default")
         if "mistral" in str(case["model"]["name"]).lower():
-            stack = load_stack(stack).model_copy(update={"kv_heads": "expanded"})
+            stack = load_stack(name).model_copy(update={"kv_heads": "expanded"})
     kwargs: dict[str, Any] = {
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
@@ -184,7 +185,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     if pp > 1 and kwargs["zero"] == 3:
         kwargs["zero"] = 1
         flags.append("FSDP with PP predicted as ZeRO-1")
-    if pp > 1 and stack != "megatron":
+    if pp > 1 and name != "megatron":
         # The microbatch count is not published: one sequence each, the local batch over PP.
         kwargs["microbatch_size"] = 1
         flags.append("microbatch 1 assumed")
@@ -193,7 +194,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         if blocks % chunks:
             kwargs["pp_layers"] = tuple(int(b) for b in uneven_split(blocks, chunks).split(","))
             flags.append("stage split assumed")
-    if stack == "megatron":
+    if name == "megatron":
         kwargs.update(zero=1)
         if vp > 1:
             kwargs.update(schedule="interleaved", virtual_stages=vp)
