@@ -31,10 +31,14 @@ def test_there_is_measured_micro_data() -> None:
 def test_fit_improves_every_group(fitted: fit.FitResult) -> None:
     assert fitted.calibration.status == "fitted"
     for group in fitted.groups:
-        # The fit minimizes the mean |log| error; the mean relative error it reports can
-        # end a fraction of a point higher where the group started near its optimum (a
-        # named attention kernel starts from the default kernel's fit, often the same one).
-        assert group.error_after <= group.error_before + 0.005, group
+        # The fit minimizes the mean |log| error, which never gets worse; the mean relative
+        # error it reports can end a fraction of a point higher where the group started near
+        # its optimum (a named attention kernel starts from the default kernel's fit), or
+        # higher still where the log error fell (a CPU's bf16 convolutions, some of which
+        # oneDNN runs on AMX and some not, scatter both ways of any one factor).
+        assert group.log_error_after <= group.log_error_before + 1e-9, group
+        assert (group.error_after <= group.error_before + 0.005
+                or group.log_error_after < group.log_error_before - 0.005), group
 
 
 FITTED = [p for p in sorted((profiles_dir() / "calibration").glob("*.yaml"))

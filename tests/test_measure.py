@@ -50,6 +50,17 @@ def test_network_is_the_workload(spec: dict) -> None:
     assert all(p.grad is not None for p in net.parameters())
 
 
+def test_tied_head_shares_the_token_table() -> None:
+    """GPT-2's head computes with the token table itself: the optimizer steps one tensor, as
+    the model counts it (the runner once gave the head a copy, 38.6M parameters more)."""
+    model = model_from_spec({"zoo": "gpt2", "seq_len": 16})
+    net = Network(model, 2, CPU)
+    assert sum(p.numel() for p in net.parameters()) == model.parameters
+    untied = model.untied()
+    assert untied.parameters == model.parameters + 50257 * 768
+    assert sum(p.numel() for p in Network(untied, 2, CPU).parameters()) == untied.parameters
+
+
 def test_resnet_downsample_reads_the_block_input() -> None:
     """A downsample convolution takes the shortcut (block input), not the main branch."""
     model = model_from_spec({"zoo": "resnet50", "image_size": 64})

@@ -63,6 +63,9 @@ class GroupFit:
     error_after: float
     worst_case: str
     worst_error: float  # signed relative error of the worst case after the fit
+    # the fit's objective, the mean |log(predicted / measured)|, before and after
+    log_error_before: float = 0.0
+    log_error_after: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def _has(data: dict[str, Any], path: Path_) -> bool:
         if not isinstance(node, dict) or key not in node:
             return False
         node = node[key]
-    return True
+    return node is not None  # e.g. a CPU's cache rate where no cache regime was found
 
 
 def _set(data: dict[str, Any], path: Path_, value: float) -> None:
@@ -236,6 +239,8 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     memory = of(lambda c: c["kind"] == "elementwise" and c["op"] not in ("add_alloc", "cast")
                 and (kernel_timed(c) or not graphed or c["bytes"] >= LOOP_MIN_BYTES))
     memory_params: list[tuple[Path_, str]] = [(("memory", "max_efficiency"), "efficiency")]
+    if not device.is_gpu:
+        memory_params.append((("memory", "cache_efficiency"), "efficiency"))
     if _has_short(memory):
         memory_params.append((("memory", "ramp_us"), "us"))
     rows = of(lambda c: c["kind"] == "row_kernel" and c["op"] in ROW_KERNEL_LAYERS)
@@ -340,10 +345,14 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
     shared = ""
     for name, group_cases, params in _groups(cases, device):
         before = Calibration.model_validate(cal)
-        _fit_group(cal, params, group_cases, device)
-        fits.append(_group_fit(name, group_cases, device, before, cal,
-                               {".".join(p): _get(cal, p) for p, _ in params
-                                if _has(cal, p)}))
+        if name == "memory" and not device.is_gpu:
+            cal = _fit_cache_regime(cal, params, group_cases, device)
+        else:
+            _fit_group(cal, params, group_cases, device)
+        fitted = {".".join(p): _get(cal, p) for p, _ in params if _has(cal, p)}
+        if name == "memory" and cal["memory"].get("cache_mib"):
+            fitted["memory.cache_mib"] = cal["memory"]["cache_mib"]
+        fits.append(_group_fit(name, group_cases, device, before, cal, fitted))
         if name == "gemm":  # before anything is fitted relative to the GEMM efficiencies
             shared = _same_rate_precisions(cal, device, fits)
     bounded = _bound_by_maxima(cal, cases, device)
@@ -367,6 +376,29 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
     })
     return FitResult(Calibration.model_validate(cal), fits,
                      ", ".join(results.display_path(p) for p in paths))
+
+
+# Sizes a CPU's cache regime may end at (MiB an op moves): its cores' L2 up to a share of L3.
+CACHE_MIB_CANDIDATES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+def _fit_cache_regime(cal: dict[str, Any], params: list[tuple[Path_, str]],
+                      cases: list[dict[str, Any]], device: DeviceProfile) -> dict[str, Any]:
+    """A CPU's memory rates: ops that fit in its caches run faster than those that stream
+    from DRAM, so the fit tries each size the cache regime may end at (and none), fits the
+    two rates for each, and keeps the best."""
+    best: tuple[float, dict[str, Any]] | None = None
+    for cache_mib in (None, *CACHE_MIB_CANDIDATES):
+        trial = copy.deepcopy(cal)
+        trial["memory"]["cache_mib"] = cache_mib
+        trial["memory"]["cache_efficiency"] = (trial["memory"]["max_efficiency"]
+                                               if cache_mib else None)
+        _fit_group(trial, params if cache_mib else params[:-1], cases, device)
+        error = _log_error(cases, device, Calibration.model_validate(trial))
+        if best is None or error < best[0] - 1e-9:
+            best = (error, trial)
+    assert best is not None
+    return best[1]
 
 
 def _same_rate_precisions(cal: dict[str, Any], device: DeviceProfile,
@@ -473,9 +505,11 @@ def _group_fit(name: str, cases: list[dict[str, Any]], device: DeviceProfile,
     errs_before = _relative_errors(cases, device, before)
     errs = _relative_errors(cases, device, Calibration.model_validate(fitted))
     worst, worst_id = max(errs, key=lambda e: abs(e[0]))
+    after = Calibration.model_validate(fitted)
     return GroupFit(name, len(cases), params,
                     statistics.fmean(abs(e) for e, _ in errs_before),
-                    statistics.fmean(abs(e) for e, _ in errs), worst_id, worst)
+                    statistics.fmean(abs(e) for e, _ in errs), worst_id, worst,
+                    _log_error(cases, device, before), _log_error(cases, device, after))
 
 
 def for_architecture(result: FitResult) -> FitResult:

@@ -86,7 +86,7 @@ def attention_tiling(shape: AttentionShape) -> float:
 
 def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     """Seconds ``op`` occupies the device's compute stream."""
-    bandwidth = (device.memory_bandwidth * cal.memory.max_efficiency
+    bandwidth = (device.memory_bandwidth * memory_efficiency(op.bytes, cal)
                  * cal.memory.kernel_factors.get(op.family, 1.0))
     if op.parallel_units and isinstance(device, GPUProfile):
         bandwidth *= min(1.0, op.parallel_units / device.compute_units)
@@ -117,6 +117,17 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     seconds = max(compute_s, memory_s) + ramp + overhead + first_touch_cost(op, cal)
     achieved = op.flops / (seconds * peak) if op.flops else 0.0
     return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved)
+
+
+def memory_efficiency(n_bytes: float, cal: Calibration) -> float:
+    """Achieved fraction of peak DRAM bandwidth for an op moving ``n_bytes``: on a CPU whose
+    calibration found a cache regime, ops small enough to stay in the caches run at its rate
+    (an optimizer's passes over large weights stream from DRAM; small activations do not)."""
+    m = cal.memory
+    if m.cache_mib is not None and m.cache_efficiency is not None \
+            and n_bytes <= m.cache_mib * 2**20:
+        return m.cache_efficiency
+    return m.max_efficiency
 
 
 def _clock_factor(device: DeviceProfile, cal: Calibration) -> float:

@@ -87,6 +87,13 @@ class MemoryCalibration(Frozen):
     first_touch_min_mib: NonNegative = Field(
         32.0, description="allocations at least this large come fresh from the OS (glibc's "
                           "largest mmap threshold on 64-bit, 32 MiB: mallopt(3))")
+    cache_mib: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="CPUs: a memory-bound op that moves at most this many MiB runs out "
+                          "of the caches, at cache_efficiency; a larger one streams from DRAM "
+                          "at max_efficiency (none: one rate for every size, as on GPUs)")
+    cache_efficiency: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="CPUs: achieved bandwidth of cache-sized ops, as a fraction of "
+                          "peak DRAM bandwidth (may exceed 1)")
 
 
 class OverheadCalibration(Frozen):

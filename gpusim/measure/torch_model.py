@@ -226,6 +226,12 @@ class Network(nn.Module):
         super().__init__()
         self.model = model
         self.mods = nn.ModuleList([layer_module(layer, inplace) for layer in model.layers])
+        index = {layer.name: i for i, layer in enumerate(model.layers)}
+        for i, layer in enumerate(model.layers):
+            if isinstance(layer, Linear) and layer.tied_to in index:
+                # A tied head computes with the token table itself (GPT-2, BERT): one tensor
+                # that the step trains and the optimizer steps, as the model counts it.
+                self.mods[i].weight = self.mods[index[layer.tied_to]].weight
         self.to(device)
         self.input = _input_tensor(model, batch, device)
         self.ids: dict[int, torch.Tensor] = {}

@@ -204,9 +204,12 @@ def _layer_rows(job: TrainingJob, case: dict[str, Any],
 
 
 def predict_case(case: dict[str, Any], device: DeviceProfile,
-                 cal: Calibration | None = None) -> CaseRow:
-    """Prediction for one measured training-step case."""
+                 cal: Calibration | None = None, tied_weights: bool = True) -> CaseRow:
+    """Prediction for one measured training-step case; ``tied_weights`` False: the runner
+    gave tied heads a weight of their own (files measured before it tied them)."""
     model = model_from_spec(case["model"])
+    if not tied_weights:
+        model = model.untied()
     job = TrainingJob(model, device, case["batch_size"], case["precision"],
                       optimizer=case.get("optimizer", "adam"), loader_workers=0)
     step = simulate_step(job, cal)
@@ -232,7 +235,8 @@ def validate_file(path: str | Path, calibration: Calibration | None = None,
             skipped.append(f"{case['id']}: {case['skipped']} (when measured)")
             continue
         try:
-            rows.append(predict_case(case, device, calibration))
+            rows.append(predict_case(case, device, calibration,
+                                     data.get("switches", {}).get("tied_weights", False)))
         except GpusimError as exc:
             skipped.append(f"{case['id']}: {exc}")
     return DeviceReport(device.name, results.display_path(path), cal_name, rows, skipped)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Literal
 
-from gpusim.workload.layers import Layer
+from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.numerics import FP32, Numerics
 
 # Blocks on either side of a model's repeated body. Frameworks checkpoint the body only
@@ -79,6 +79,14 @@ class Model:
                 ops += layer.backward_weight(1, FP32)
             total += sum(op.flops for op in ops)
         return total
+
+    def untied(self) -> Model:
+        """The same network with each tied layer (a head sharing the token table) holding a
+        weight of its own, as a run that did not tie them trained it."""
+        layers = tuple(replace(layer, shared=False, tied_to="")
+                       if isinstance(layer, Linear) and layer.tied_to else layer
+                       for layer in self.layers)
+        return replace(self, layers=layers)
 
     def activation_bytes(self, n: int, num: Numerics) -> float:
         """Bytes kept for backward by a batch of ``n`` with no checkpointing."""
