@@ -102,6 +102,13 @@ def test_models_quick_suite_times_steps_and_layers(tmp_path: Path) -> None:
     # Backward is timed wherever gradients flow (the first layer's input takes none).
     assert all("backward" in row for row in case["layers"][1:])
     assert case["peak_memory_bytes"] is None  # CUDA only
+    # On a CPU each phase of the timed steps is timed too, and they add up to the step.
+    phases = case["phases"]
+    assert list(phases) == ["zero_grad", "forward", "backward", "optimizer"]
+    assert all(p["repeats"] == case["step"]["repeats"] for p in phases.values())
+    total = sum(p["median_s"] for p in phases.values())
+    assert 0.5 * case["step"]["median_s"] < total < 2 * case["step"]["median_s"]
+    assert data["switches"]["tied_weights"] is True
 
 
 def test_device_must_be_named_on_a_cpu_and_match_the_hardware() -> None:

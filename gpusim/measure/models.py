@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,33 +185,49 @@ def _time_layer(call: LayerCall, net: Network, case: ModelCase, device: torch.de
     return row
 
 
-def measure_step(net: Network, case: ModelCase, device: torch.device,
-                 repeats: int) -> tuple[Timing, int | None, int | None]:
+STEP_PHASES = ("zero_grad", "forward", "backward", "optimizer")
+
+
+def measure_step(net: Network, case: ModelCase, device: torch.device, repeats: int
+                 ) -> tuple[Timing, int | None, int | None, dict[str, Timing]]:
     """The whole training step; peak memory allocated and reserved by PyTorch's caching
-    allocator (CUDA only) over the timed steps."""
+    allocator (CUDA only) over the timed steps; on a CPU, where the host's clock is the
+    device's, each phase of the timed steps too (on a GPU, timing them would need a
+    synchronization that changes the step)."""
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler(device.type) if case.precision == "fp16" else None
+    on_cpu = device.type == "cpu"
+    marks: list[list[float]] = []
 
     def step() -> None:
+        mark = [time.perf_counter()] if on_cpu else []
         opt.zero_grad(set_to_none=True)
+        mark += [time.perf_counter()] if on_cpu else []
         with autocast(case.precision, device):
             loss = net()
+        mark += [time.perf_counter()] if on_cpu else []
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
         else:
             loss.backward()
+            mark += [time.perf_counter()] if on_cpu else []
             opt.step()
+        if on_cpu:
+            marks.append([*mark, time.perf_counter()])
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timing = time_call(step, device, repeats=repeats, loop=False)
     synchronize(device)
+    timed = marks[-timing.repeats:]  # the samples, after the warm-up calls
+    phases = {name: Timing.of([m[i + 1] - m[i] for m in timed])
+              for i, name in enumerate(STEP_PHASES)} if timed and scaler is None else {}
     if device.type != "cuda":
-        return timing, None, None
+        return timing, None, None, phases
     return (timing, int(torch.cuda.max_memory_allocated(device)),
-            int(torch.cuda.max_memory_reserved(device)))
+            int(torch.cuda.max_memory_reserved(device)), phases)
 
 
 def measure_case(case: ModelCase, device: torch.device, repeats: int,
@@ -219,13 +236,15 @@ def measure_case(case: ModelCase, device: torch.device, repeats: int,
     model = model_from_spec(case.spec)
     torch.manual_seed(0)
     net = Network(model, case.batch_size, device, inplace=True)
-    step, peak, reserved = measure_step(net, case, device, repeats)
+    step, peak, reserved, phases = measure_step(net, case, device, repeats)
     row: dict[str, Any] = {
         "id": case.id, "kind": "training_step", "model": case.spec,
         "batch_size": case.batch_size, "precision": case.precision,
         "optimizer": case.optimizer, "step": step.to_dict(), "peak_memory_bytes": peak,
         "peak_reserved_bytes": reserved,
     }
+    if phases:  # on a CPU: zero_grad, forward with the loss, backward, optimizer
+        row["phases"] = {name: t.to_dict() for name, t in phases.items()}
     backends = sorted({str(getattr(m, "sdpa_backend", "")) for m in net.modules()} - {""})
     if backends:  # which SDPA kernel the step's attention layers ran
         row["sdpa_backends"] = backends

@@ -55,6 +55,9 @@ class CaseRow:
     measured_peak_bytes: float | None = None
     layers: list[LayerRow] = field(default_factory=list)
     host_fraction: float = 0.0  # of the predicted step, the device waiting on the host
+    # Where the suite timed the step's phases (CPUs): phase -> (predicted, measured) seconds,
+    # forward with the loss, backward, and the optimizer step.
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def host_bound(self) -> bool:
@@ -127,6 +130,16 @@ class DeviceReport:
                 entry[2] += lay.measured_s
         return {key: (int(n), p / m - 1, p - m) for key, (n, p, m) in sums.items() if m > 0}
 
+    def phase_stats(self) -> dict[str, dict[str, float]]:
+        """Per phase of the step, where the suite timed them: MAPE and signed mean error."""
+        out = {}
+        for phase in STEP_PHASES:
+            errs = [p / m - 1 for r in self.rows if (pm := r.phases.get(phase))
+                    for p, m in [pm] if m > 0]
+            if errs:
+                out[phase] = {**_stats(errs), "mean_error": statistics.fmean(errs)}
+        return out
+
     @property
     def memory_stats(self) -> dict[str, float]:
         return _stats([e for r in self.rows if (e := r.memory_error) is not None])
@@ -148,6 +161,7 @@ class DeviceReport:
             "worst_error": worst.error if worst else None,
             "layer_rows": sum(len(r.layers) for r in self.rows),
             "layer": self.layer_stats, "peak_memory": self.memory_stats,
+            "phases": self.phase_stats(),
             "layer_kinds": [{"kind": k, "phase": ph, "rows": n, "error": e, "gap_s": g}
                             for (k, ph), (n, e, g) in sorted(self.layer_kind_errors().items())],
             "ranking_agreement": ranking_agreement(
@@ -216,7 +230,26 @@ def predict_case(case: dict[str, Any], device: DeviceProfile,
     return CaseRow(case["id"], model.name, case["batch_size"], case["precision"],
                    step.step_time_s, case["step"]["median_s"], step.peak_memory_bytes,
                    case.get("peak_memory_bytes"), _layer_rows(job, case, cal),
-                   step.breakdown_s.get("host_dispatch", 0.0) / step.step_time_s)
+                   step.breakdown_s.get("host_dispatch", 0.0) / step.step_time_s,
+                   _phases(job, cal, case.get("phases", {})))
+
+
+# The phases the models suite times inside the step on a CPU.
+STEP_PHASES = ("forward", "backward", "optimizer")
+
+
+def _phases(job: TrainingJob, cal: Calibration | None, measured: dict[str, Any]
+            ) -> dict[str, tuple[float, float]]:
+    """Phase -> (predicted, measured) seconds. On a CPU the host dispatches and computes in
+    turn, so a phase takes its kernels' host and device time (recompute is backward's)."""
+    if not measured or job.device.is_gpu:
+        return {}
+    plan = lower(job, cal)
+    predicted: dict[str, float] = defaultdict(float)
+    for k in (*plan.microbatch, *plan.optimizer):
+        phase = "backward" if k.phase == "recompute" else k.phase
+        predicted[phase] += k.host_s + k.device_s
+    return {k: (predicted[k], measured[k]["median_s"]) for k in STEP_PHASES if k in measured}
 
 
 def validate_file(path: str | Path, calibration: Calibration | None = None,

@@ -51,6 +51,11 @@ def format_reports(reports: list[DeviceReport], verbose: bool = False) -> str:
             worst = ", ".join(f"{kind} {phase} {_pct(err)} ({n} rows)"
                               for (kind, phase), (n, err, _) in kinds[:4])
             lines.append(f"    by kind, the largest gaps in time (device-bound cases): {worst}")
+        if d["phases"]:
+            parts = [f"{phase} {_pct(st['mean_error'])} (MAPE {_abs_pct(st['mape'])})"
+                     for phase, st in d["phases"].items()]
+            lines.append("  step phases, timed inside the step (mean error): "
+                         + ", ".join(parts))
         mem = d["peak_memory"]
         lines.append("  peak memory: " + ("not measured (CPU)" if math.isnan(mem["mape"])
                                           else f"MAPE {_abs_pct(mem['mape'])}, max "
