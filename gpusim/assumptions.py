@@ -7,8 +7,10 @@ from gpusim import units
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.power import compute_rate_factor
 from gpusim.hardware.profile import DeviceProfile
+from gpusim.plan.activation_offload import offload_split
 from gpusim.plan.autocast import autocasts
 from gpusim.plan.job import TrainingJob
+from gpusim.plan.memory import activations_by_layer
 from gpusim.plan.parallel_job import ParallelJob
 from gpusim.sim.pipeline import COMM_SLOWDOWN
 from gpusim.sim.ranks import Straggler, rank_coords
@@ -178,8 +180,28 @@ def single_assumptions(job: TrainingJob) -> list[str]:
     if autocasts(job):
         out.append("autocast: norms, softmax and a transformer's residual stream stay fp32; "
                    "each fp32 weight is cast once per forward")
+    out += memory_saver_lines(job)
     out.append(_ENERGY)
     return _with_power(out, job.device)
+
+
+def memory_saver_lines(job: TrainingJob) -> list[str]:
+    """What stepping in backward and activation offloading assume, in words."""
+    out = []
+    if job.optimizer_in_backward:
+        out.append("optimizer stepped inside backward (torchtune's optimizer_in_bwd): each "
+                   "parameter has its own optimizer, stepped as soon as its gradient is "
+                   "accumulated, the gradient then freed, so about one layer's gradients are "
+                   "alive at a time; the same optimizer work, a kernel per pass per tensor, "
+                   "interleaved with the backward kernels")
+    if job.offload_activations:
+        offloaded = offload_split(job, activations_by_layer(job)[0])[0]
+        out.append(f"activations offloaded (torchtune's enable_activation_offloading): "
+                   f"{units.human_bytes(offloaded)} a microbatch to pinned host memory, down "
+                   f"in forward and up in backward over the host link beside compute; the "
+                   f"output head's and the loss's stay, with about two blocks' worth in "
+                   f"flight; what the copies take beyond each pass is 'activation offload'")
+    return out
 
 
 OFFLOAD_TEXT = {

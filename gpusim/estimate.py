@@ -25,6 +25,8 @@ from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import load_device, load_system
 from gpusim.hardware.power import with_power_limit
 from gpusim.hardware.profile import DeviceProfile, GPUProfile, PriceQuote, SystemProfile
+from gpusim.plan.activation_offload import BREAKDOWN_KEY as OFFLOAD_KEY
+from gpusim.plan.activation_offload import exposed_seconds, offload_split
 from gpusim.plan.job import (
     AUTO_PRECISION,
     DEFAULT_LOADER_WORKERS,
@@ -35,7 +37,7 @@ from gpusim.plan.job import (
     auto_precision,
 )
 from gpusim.plan.lower import lower
-from gpusim.plan.memory import MemoryPlan, memory_plan
+from gpusim.plan.memory import MemoryPlan, activations_by_layer, memory_plan
 from gpusim.plan.parallel import ParallelPlan, plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import check_fits, check_fits_parallel, required_bytes
@@ -124,9 +126,15 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
     check_fits(job, mem)
     plan = lower(job, calibration)
     sim = simulate(plan, on_gpu=job.device.is_gpu)
+    step_time_s, breakdown_s = sim.step_time_s, dict(sim.breakdown_s)
+    if job.offload_activations:  # the copies beside compute: only what it cannot cover
+        offloaded = offload_split(job, activations_by_layer(job)[0])[0]
+        exposed = exposed_seconds(job, offloaded, breakdown_s, plan.calibration)
+        breakdown_s[OFFLOAD_KEY] = exposed
+        step_time_s += exposed
     return StepResult(
-        step_time_s=sim.step_time_s,
-        breakdown_s=sim.breakdown_s,
+        step_time_s=step_time_s,
+        breakdown_s=breakdown_s,
         samples_per_step=job.batch_size,
         tokens_per_sample=job.model.tokens_per_sample,
         model_flops_per_step=plan.model_flops_per_step,
@@ -135,8 +143,8 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
         peak_reserved_bytes=mem.reserved_bytes,
         memory_breakdown_bytes=mem.breakdown(),
         kernels_per_step=sim.kernels_per_step,
-        busy_fraction=sim.busy_s / sim.step_time_s if sim.step_time_s else 0.0,
-        active_fraction=plan.active_s_per_step / sim.step_time_s if sim.step_time_s else 0.0,
+        busy_fraction=sim.busy_s / step_time_s if step_time_s else 0.0,
+        active_fraction=plan.active_s_per_step / step_time_s if step_time_s else 0.0,
         trace=sim.trace,
     )
 
@@ -294,6 +302,8 @@ def build_job(
     attention: str | None = None,
     fp8_recipe: str = "tensorwise",
     offload: str = "none",
+    optimizer_in_backward: bool = False,
+    offload_activations: bool = False,
     finetune: str = "full",
     lora_rank: int = 8,
     lora_targets: str | tuple[str, ...] = ("q", "v"),
@@ -312,7 +322,10 @@ def build_job(
     ``channels_last`` holds a CNN's tensors channels-last (no transposes around cuDNN's
     tensor-core convolutions); ``power_limit_w`` runs the GPUs under that board power limit
     (nvidia-smi -pl), which lowers their clocks under dense matrix work; ``compile`` runs
-    the model under torch.compile (TorchInductor's fused kernels, no per-op Python)."""
+    the model under torch.compile (TorchInductor's fused kernels, no per-op Python);
+    ``optimizer_in_backward`` steps each parameter as its gradient arrives and
+    ``offload_activations`` keeps the saved activations in host memory (both torchtune's,
+    one GPU only)."""
     if power_limit_w is not None:
         gpu = limited_device(gpu, system, power_limit_w)
     framework = load_stack(stack).with_attention(attention).with_compile(compile)
@@ -340,11 +353,19 @@ def build_job(
                           optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
                           stack=framework, offload=offload, quantized_base=quantized,
-                          adapters_only=finetune != "full", fp8_recipe=fp8_recipe)
+                          adapters_only=finetune != "full", fp8_recipe=fp8_recipe,
+                          optimizer_in_backward=optimizer_in_backward,
+                          offload_activations=offload_activations)
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
         return job, False
+    if optimizer_in_backward or offload_activations:
+        # As torchtune's single-device recipes run them; with data parallelism the step
+        # would wait on each gradient's reduction, which is not modelled.
+        named = "--optimizer-in-backward" if optimizer_in_backward else "--offload-activations"
+        raise InvalidConfig(f"{named} is modelled on one GPU only; leave out --num-gpus, "
+                            f"--system and the parallel flags")
     topo, assumed = resolve_topology(gpu, system, num_gpus)
     config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                              microbatch_size=1 if max_batch else microbatch_size,
@@ -444,6 +465,8 @@ def estimate(
     attention: str | None = None,
     fp8_recipe: str = "tensorwise",
     offload: str = "none",
+    optimizer_in_backward: bool = False,
+    offload_activations: bool = False,
     finetune: str = "full",
     lora_rank: int = 8,
     lora_targets: str | tuple[str, ...] = ("q", "v"),
@@ -462,7 +485,8 @@ def estimate(
     slow GPU or link) and ``comm_slowdown`` apply to multi-GPU jobs. ``max_batch`` runs
     the largest microbatch that fits and divides the batch (see ``build_job``).
     ``usd_per_gpu_hour`` prices the run at your rate instead of the profile's cheapest
-    listed cloud price.
+    listed cloud price. ``optimizer_in_backward`` and ``offload_activations`` are torchtune's
+    memory savers (see ``build_job``).
     """
     if steps is None and tokens is None and epochs is None:
         steps = 1
@@ -477,6 +501,7 @@ def estimate(
         ep_overlap=ep_overlap,
         overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
         stack=stack, attention=attention, fp8_recipe=fp8_recipe, offload=offload,
+        optimizer_in_backward=optimizer_in_backward, offload_activations=offload_activations,
         finetune=finetune,
         lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,
         channels_last=channels_last, power_limit_w=power_limit_w, compile=compile)

@@ -68,7 +68,8 @@ FLAGS: dict[str, list[str]] = {
     "--straggler": ["1:2", "0:1.5", "17:nan", "17:inf", "x"],
     "--lora-targets": ["q,v", "q,k,v,o,gate,up,down", "x", ""],
 }
-SWITCHES = ["--pure-bf16", "--max-batch", "--sequence-parallel", "--per-rank"]
+SWITCHES = ["--pure-bf16", "--max-batch", "--sequence-parallel", "--per-rank",
+            "--optimizer-in-backward", "--offload-activations"]
 
 
 @st.composite

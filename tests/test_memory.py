@@ -101,3 +101,19 @@ def test_fp8_needs_fp8_tensor_cores() -> None:
         pytest.skip("every shipped GPU has fp8")
     with pytest.raises(UnsupportedPrecision, match="fp8"):
         TrainingJob(zoo.get("gpt2"), without[0], 8, "fp8")
+
+
+def test_a_fused_loss_keeps_the_logits_once(h100: GPUProfile) -> None:
+    """Under a compiled (fused) cross-entropy the head's logits are the loss's own saved
+    tensor and the loss writes their one gradient: the head's output and gradient are not
+    counted again as the largest transient. An eager loss that upcasts keeps fp32
+    log-probabilities instead, and the head's transient stays."""
+    from gpusim.stack import apply_stack, load_stack
+
+    model = zoo.get("gpt2")
+    head = next(lay for lay in model.layers if lay.name.startswith("head"))
+    fused, eager = (TrainingJob(apply_stack(model, stack), h100, 4, "bf16", stack=stack)
+                    for stack in (load_stack("llm-foundry-2023"), load_stack("pytorch")))
+    logits_and_grad = 2 * 4 * head.out_elements * 2
+    assert memory_plan(eager).transient == logits_and_grad
+    assert memory_plan(fused).transient < logits_and_grad / 4

@@ -223,9 +223,11 @@ def test_the_stack_is_named_in_the_assumptions() -> None:
 # refused, which it misses too. Five LitGPT figures are excluded in the data file, with the
 # reason: they match loading the checkpoint, not training.
 # With torch.compile modelled (2026-11-23): 32 cases, mean 4.4%. Two torchtune runs that
-# chunk the loss under torch.compile are predicted 12% and 20% high, about 5 GB each, which
-# gpusim does not explain yet (the same runs without chunking, and without compile, land
-# within 3%); they are held to a wider budget, by name.
+# chunk the loss under torch.compile were predicted 8% and 20% high, about 5 GB each. Once
+# a fused (compiled) loss's logits were no longer counted a second time as the head's
+# output and gradient, the first lands within 1%; the second peaks in the optimizer step,
+# where gpusim counts foreach Adam's sqrt(v) temporary (6 GB) that the run does not show
+# (a fused step?); it is held to a wider budget, by name.
 # FP8 and context-parallel runs, mapped once both were modelled (2026-11-23): 12 cases (six
 # more combine FSDP with pipeline stages, which gpusim refuses), mean 11.3%. The largest
 # misses are torchtitan's Llama 3.1 70B at FSDP 32 x TP 8 with full recompute, 23-27% low,
@@ -238,6 +240,17 @@ FP8_OR_CP_MAX_ERROR = 0.28
 COMPILED_CHUNKED_LOSS = {"torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce",
                          "torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce_ac"}
 COMPILED_CHUNKED_LOSS_MAX_ERROR = 0.21
+# The same torchtune recipe with its memory savers, mapped once they were modelled
+# (optimizer step in backward, activation offloading; issue 14): the full fine-tunes land
+# within 8%, LoRA and QLoRA 1.4 GiB high (17% and 31% of their 8.5 and 4.6 GiB), an excess
+# not yet explained. Held to it in GiB, by name, apart from the budget of the others.
+TORCHTUNE_MEMORY_SAVERS = {
+    "torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce_ac_optinbwd",
+    "torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce_ac_optinbwd_actoffload",
+    "torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce_ac_optinbwd_actoffload_adamw8bit",
+    "torchtune_llama32_3b_lora_1gpu_packed_compile_chunkedce_ac_actoffload",
+    "torchtune_llama32_3b_qlora_1gpu_packed_compile_chunkedce_ac_actoffload"}
+TORCHTUNE_MEMORY_SAVERS_EXCESS_GIB = 1.5
 REFUSED_THOUGH_TRAINED = {"colossalai_pl_gpt2xl_ddp_amp_fp16_4xa100_40gb_mb6"}
 
 
@@ -253,7 +266,12 @@ def test_published_peak_memories_within_budget_and_never_refused() -> None:
     assert len(late) >= 12
     assert sum(late.values()) / len(late) <= FP8_OR_CP_MEAN_ERROR
     assert max(late.values()) <= FP8_OR_CP_MAX_ERROR
-    cases = [c for c in everything if c.id not in late]
+    savers = [c for c in everything if c.id in TORCHTUNE_MEMORY_SAVERS]
+    assert len(savers) == len(TORCHTUNE_MEMORY_SAVERS)
+    for case in savers:
+        assert abs(case.predicted_gib() - case.measured_gib) \
+            <= TORCHTUNE_MEMORY_SAVERS_EXCESS_GIB
+    cases = [c for c in everything if c.id not in late and c.id not in TORCHTUNE_MEMORY_SAVERS]
     assert len(cases) >= 32
     errors = {c.id: abs(c.predicted_gib() / c.measured_gib - 1) for c in cases}
     assert sum(errors.values()) / len(errors) <= PUBLISHED_MEAN_ERROR

@@ -123,6 +123,15 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     tech.add_argument("--offload", default="none", choices=OFFLOADS,
                       help="keep the optimizer (ZeRO-Offload) or, under --zero 3, FSDP's "
                            "weight shards too (params) in host memory; the CPUs step")
+    tech.add_argument("--optimizer-in-backward", action="store_true",
+                      help="step each parameter as soon as its gradient is accumulated and "
+                           "free the gradient (torchtune's optimizer_in_bwd): about one "
+                           "layer's gradients alive instead of all; one GPU, no --grad-accum")
+    tech.add_argument("--offload-activations", action="store_true",
+                      help="copy the tensors saved for backward to pinned host memory during "
+                           "forward and back during backward (torchtune's "
+                           "enable_activation_offloading); transfer time beyond compute is "
+                           "exposed; one GPU")
     tech.add_argument("--pure-bf16", action="store_true",
                       help="hold the model in bf16: weights, gradients and optimizer states, "
                            "no fp32 copies (torchtune, LitGPT bf16-true); needs --precision "

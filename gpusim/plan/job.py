@@ -71,6 +71,10 @@ class TrainingJob:
     ``pure_bf16`` holds the whole model in bf16 (torchtune's and LitGPT's "bf16-true"):
     bf16 weights, gradients and optimizer states (PyTorch's optimizers keep their states in
     the parameters' type), no fp32 copy of anything, nothing cast.
+    ``optimizer_in_backward`` steps each parameter as soon as its gradient is accumulated and
+    frees the gradient (torchtune's ``optimizer_in_bwd``); ``offload_activations`` moves the
+    tensors saved for backward to pinned host memory and back (torchtune's
+    ``enable_activation_offloading``; gpusim.plan.activation_offload).
     """
 
     model: Model
@@ -91,6 +95,8 @@ class TrainingJob:
     quantized_base: bool = False  # frozen projections held in 4-bit NF4 (QLoRA)
     adapters_only: bool = False  # LoRA: only the adapters train, the base is frozen
     fp8_recipe: str = "tensorwise"  # with precision fp8: how scales are found (workload/fp8.py)
+    optimizer_in_backward: bool = False  # each parameter stepped as its gradient arrives
+    offload_activations: bool = False  # saved activations kept in host memory until backward
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -131,7 +137,36 @@ class TrainingJob:
         if self.pure_bf16 and self.master_weights:
             raise InvalidConfig("pure bf16 keeps no fp32 master weights, which Megatron-LM "
                                 "style training (tensor or pipeline parallelism) keeps")
+        if self.optimizer_in_backward:
+            self._check_optimizer_in_backward()
+        if self.offload_activations and not self.device.is_gpu:
+            raise InvalidConfig("--offload-activations moves saved activations from a GPU to "
+                                "its host; this job runs on a CPU already")
         self.numerics()  # raises UnsupportedPrecision early
+
+    def _check_optimizer_in_backward(self) -> None:
+        """What stepping in backward cannot be combined with."""
+        if self.grad_accum > 1:
+            # torchtune refuses it too (recipes/full_finetune_single_device.py, __init__:
+            # "Gradient accumulation is not supported with optimizer_in_bwd: True").
+            raise InvalidConfig(f"--optimizer-in-backward steps each parameter as soon as its "
+                                f"gradient exists, so gradients cannot accumulate over "
+                                f"{self.grad_accum} microbatches; use --grad-accum 1 (a "
+                                f"microbatch of the whole batch) or leave the flag out")
+        if self.offload != "none":
+            raise InvalidConfig("--optimizer-in-backward steps on the GPU during backward; "
+                                "--offload steps on the CPUs after it: give one of them")
+        if self.precision == "fp16":
+            # fp16 needs GradScaler, which skips a step when any gradient overflowed
+            # (torch/amp/grad_scaler.py, GradScaler.step and its found_inf check): every
+            # gradient must exist before any parameter steps. torchtune's recipe refuses
+            # fp16 outright (recipes/full_finetune_single_device.py, __init__).
+            raise InvalidConfig("--optimizer-in-backward cannot run under fp16's gradient "
+                                "scaling, which checks every gradient before stepping; use "
+                                "--precision bf16")
+        if self.master_weights:
+            raise InvalidConfig("--optimizer-in-backward is modelled for PyTorch optimizers, "
+                                "not Megatron-LM's (tensor or pipeline parallelism)")
 
     @property
     def microbatch_size(self) -> int:

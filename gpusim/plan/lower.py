@@ -243,11 +243,30 @@ def _as_compiled(ops: list[Op]) -> list[Op]:
 
 
 def microbatch_ops(job: TrainingJob) -> list[Op]:
-    """Forward, recompute and backward ops of one microbatch, in issue order."""
+    """Forward, recompute and backward ops of one microbatch, in issue order (with the
+    optimizer stepping in backward, each layer's step right after its weight gradient)."""
     layers = job.model.layers
     precision = layer_precisions(job)
-    return [op for i, kind in microbatch_steps(job)
-            for op in lower_step(layers[i], kind, job, precision[layers[i].name])]
+    ops = []
+    for i, kind in microbatch_steps(job):
+        ops += lower_step(layers[i], kind, job, precision[layers[i].name])
+        if kind == "weight_grad" and job.optimizer_in_backward:
+            ops += step_in_backward_ops(job, layers[i])
+    return ops
+
+
+def step_in_backward_ops(job: TrainingJob, layer: Layer) -> list[Op]:
+    """The optimizer step of ``layer``'s parameters inside the backward pass: torchtune
+    gives each parameter an optimizer of its own and steps it from its post-accumulate-grad
+    hook (torchtune/modules/optim.py, OptimizerInBackward; torchtune/training/memory.py,
+    register_optim_in_bwd_hooks), so each pass is a kernel per tensor, the same work as
+    the whole step's."""
+    if not (layer.params and job.is_trainable(layer.name)):
+        return []
+    passes = list(OPTIMIZER_PASSES[job.optimizer])
+    ops = [op for size in layer.tensor_sizes()
+           for op in pass_ops(passes, [size], job.device.is_gpu, 2 if job.pure_bf16 else 4)]
+    return [replace(op, name=f"{layer.name}.{op.name}") for op in ops]
 
 
 def parameter_tensors(layers: Iterable[Layer], is_trainable: Callable[[str], bool]
@@ -341,6 +360,16 @@ def _python_overheads(kernels: list[Kernel], cal: Calibration, kinds: dict[str, 
     return tuple(out)
 
 
+def _steps_on_host(job: TrainingJob, kernels: tuple[Kernel, ...], cal: Calibration,
+                   host_s: float) -> tuple[Kernel, ...]:
+    """The optimizer kernels inside backward at an optimizer's host cost: each parameter's
+    own step() in Python (a fixed cost and one tensor's), spread over that step's kernels."""
+    per_tensor = len(OPTIMIZER_PASSES[job.optimizer])
+    each = optimizer_host_s(1, cal) / per_tensor
+    return tuple(replace(k, host_s=host_s + each)
+                 if k.phase == "optimizer" else k for k in kernels)
+
+
 def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     """The step plan of ``job``, every kernel costed for its device (under ``calibration``
     when given, else the device's own)."""
@@ -356,7 +385,9 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     micro = _python_overheads(
         [_to_kernel(op, job, cal, launch_s if op.layer in compiled else training_host_s)
          for op in ops], cal, kinds, compiled)
-    opt_ops = optimizer_ops(job)
+    if job.optimizer_in_backward:
+        micro = _steps_on_host(job, micro, cal, host_s)
+    opt_ops = [] if job.optimizer_in_backward else optimizer_ops(job)
     opt = tuple(_to_kernel(op, job, cal, host_s) for op in opt_ops)
     if opt and job.offload != "none" and isinstance(job.device, GPUProfile):
         # The step runs on the host: gradients down, CPU Adam, weights up, in turn.

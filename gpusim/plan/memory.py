@@ -13,6 +13,7 @@ import itertools
 from dataclasses import dataclass
 
 from gpusim import units
+from gpusim.plan.activation_offload import offload_split
 from gpusim.plan.autocast import casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.recompute import checkpointed_blocks, policy_kept_bytes
@@ -81,6 +82,7 @@ class MemoryPlan:
     # Whether gradients are held when the backward pass starts: with one microbatch a step
     # they are created by that pass (zero_grad sets them to None), with accumulation they
     # hold the earlier microbatches' sums, and Megatron-LM's live in a persistent buffer.
+    # Stepping in backward keeps about one layer's gradients alive throughout the pass.
     gradients_at_backward: bool = True
 
     def _at_backward(self) -> dict[str, float]:
@@ -152,8 +154,11 @@ class MemoryPlan:
 def activation_split(job: TrainingJob) -> tuple[float, float]:
     """(bytes a microbatch keeps from its forward until its backward, bytes re-created for
     one checkpointed block at a time during backward), under the job's recompute mode
-    (``gpusim.plan.recompute``)."""
+    (``gpusim.plan.recompute``). With activation offloading, what is kept is what stays on
+    the device (gpusim.plan.activation_offload)."""
     kept, working = activations_by_layer(job)
+    if job.offload_activations:
+        return offload_split(job, kept)[1], working
     return sum(kept.values()), working
 
 
@@ -230,6 +235,15 @@ def _loss_transient(layer: CrossEntropy, job: TrainingJob, num: Numerics) -> flo
     return layer.transient_bytes(job.microbatch_size, num)
 
 
+def _kept_by_loss(job: TrainingJob) -> frozenset[str]:
+    """The layers whose output a fused loss keeps as it is (the head's logits, under a
+    compiled or fused cross-entropy): that output is among the activations already, and the
+    one logits-sized gradient the loss writes is its transient, so the head's own output
+    and gradient are not counted a second time."""
+    return frozenset(before.name for before, layer in itertools.pairwise(job.model.layers)
+                     if isinstance(layer, CrossEntropy) and layer.fused)
+
+
 def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> MemoryPlan:
     """The peak memory of ``job`` by category (raises nothing; ``remedies.check_fits`` does).
     ``split`` is its activation_split when the caller has it already."""
@@ -246,8 +260,10 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
     # The largest layer output and its gradient alive together during backward; the loss's
     # apart (see MemoryPlan.loss_transient).
     precision = layer_precisions(job)
+    kept_by_loss = _kept_by_loss(job)
     transient = max((lay.transient_bytes(n, precision[lay.name].numerics) for lay in layers
-                     if not isinstance(lay, CrossEntropy)), default=0.0)
+                     if not isinstance(lay, CrossEntropy) and lay.name not in kept_by_loss),
+                    default=0.0)
     loss_transient = max((_loss_transient(lay, job, precision[lay.name].numerics)
                           for lay in layers if isinstance(lay, CrossEntropy)), default=0.0)
     kept, working = split or activation_split(job)
@@ -265,6 +281,20 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
                     + sum(lay.params * job.frozen_bytes(lay) for lay in layers
                           if not job.is_trainable(lay.name)))
     gradients = float(job.grad_bytes * trainable)
+    if job.optimizer_in_backward:
+        # Each parameter steps as soon as its gradient is accumulated and the gradient is
+        # freed (torchtune/modules/optim.py, OptimizerInBackward._step_and_clear; before
+        # 2025 torchtune/training/memory.py, register_optim_in_bwd_hooks; both on PyTorch's
+        # register_post_accumulate_grad_hook), one optimizer per parameter: about one
+        # layer's gradients are alive at a time, and a foreach step's temporaries are one
+        # tensor's.
+        trainable_layers = [lay for lay in layers if lay.params and job.is_trainable(lay.name)]
+        gradients = float(job.grad_bytes * max((lay.params for lay in trainable_layers),
+                                               default=0))
+        if foreach:
+            largest = max((size for lay in trainable_layers for size in lay.tensor_sizes()),
+                          default=0)
+            temporaries = largest * (2.0 if job.pure_bf16 else 4.0)
     if job.offload != "none":  # the step, its states and master weights live on the host
         states = temporaries = 0.0
     if job.offload == "params":  # FSDP's weight and gradient shards too
@@ -285,5 +315,5 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
         if job.device.is_gpu else 0.0,
         optimizer_temporaries=temporaries,
         gradients_at_backward=(job.grad_accum > 1 or job.master_weights
-                               or stack.zero_grad == "zeros"),
+                               or stack.zero_grad == "zeros" or job.optimizer_in_backward),
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusim import units
+from gpusim.plan.activation_offload import offload_split
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import layer_kind
 from gpusim.plan.memory import MemoryPlan, activations_by_layer, memory_plan
@@ -32,6 +33,7 @@ class MemoryReport:
     recompute_working_bytes: float  # one checkpointed block re-created in backward
     peak_at: str
     largest_microbatch: int  # 0: not even one sample fits
+    offloaded_bytes: float = 0.0  # a microbatch's activations in host memory (offloaded)
 
     @property
     def device(self) -> str:
@@ -59,6 +61,7 @@ class MemoryReport:
             "recompute_working_bytes": self.recompute_working_bytes,
             "peak_at": self.peak_at, "stage": self.stage,
             "largest_microbatch": self.largest_microbatch,
+            "offloaded_activation_bytes": self.offloaded_bytes,
         }
 
     def summary(self) -> str:
@@ -89,6 +92,9 @@ class MemoryReport:
         if self.recompute_working_bytes:
             lines.append(f"    {'recompute working set':22s} "
                          f"{units.human_bytes(self.recompute_working_bytes):>12}")
+        if self.offloaded_bytes:
+            lines.append(f"    {'offloaded to the host':22s} "
+                         f"{units.human_bytes(self.offloaded_bytes):>12}  (not on the GPU)")
         largest = (f"microbatch {self.largest_microbatch}" if self.largest_microbatch
                    else "none: even microbatch 1 does not fit")
         lines += ["", f"  peak at          {self.peak_at}",
@@ -155,8 +161,10 @@ def memory_report(job: Job) -> MemoryReport:
     total = sum(by_kind.values())
     scale = (plan.activations - working) / total if total else 0.0
     by_kind = {k: v * scale for k, v in by_kind.items() if v}
+    offloaded = (offload_split(one, kept)[0]
+                 if isinstance(one, TrainingJob) and one.offload_activations else 0.0)
     return MemoryReport(job, plan, stage, by_kind, working, _peak_at(job, plan, stage),
-                        largest_microbatch(job))
+                        largest_microbatch(job), offloaded)
 
 
 def _peak_at(job: Job, plan: MemoryPlan, stage: int) -> str:

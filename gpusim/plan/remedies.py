@@ -2,10 +2,12 @@
 that fit are listed cheapest first.
 
 The order is what each remedy usually costs in step time, from least to most: sharding
-states further (ZeRO/FSDP; communication that overlaps), keeping fewer activations with
-per-op recompute, 8-bit optimizer states, pure bf16 (no fp32 copies; a numerical risk more
-than a time cost), a smaller microbatch (less efficient kernels, more of them), full
-recompute (a third more compute), offload to the CPUs (PCIe and a CPU step each step), more
+states further (ZeRO/FSDP; communication that overlaps), on one GPU stepping the optimizer
+inside backward (the same work, no gradients for the whole model), keeping fewer
+activations with per-op recompute, 8-bit optimizer states, pure bf16 (no fp32 copies; a
+numerical risk more than a time cost), a smaller microbatch (less efficient kernels, more of
+them), full recompute (a third more compute), on one GPU offloading activations (PCIe
+copies beside compute), offload to the CPUs (PCIe and a CPU step each step), more
 GPUs (money, not time), and splitting layers (tensor or pipeline parallelism, which adds
 communication or a bubble). A remedy is
 named both as a flag of the command line and as an argument of ``gpusim.estimate``.
@@ -219,6 +221,12 @@ def _single(job: TrainingJob) -> Iterator[Candidate]:
     if job.precision in ("fp32", "tf32") and job.device.is_gpu:
         yield ("precision", "bf16 mixed precision", "--precision bf16", "precision='bf16'",
                changed(precision="bf16"))
+    if (not job.optimizer_in_backward and job.grad_accum == 1 and job.offload == "none"
+            and job.precision != "fp16" and not job.master_weights):
+        # the same optimizer work, inside backward: no time lost
+        yield ("step_in_backward", "optimizer stepped inside backward",
+               "--optimizer-in-backward", "optimizer_in_backward=True",
+               changed(optimizer_in_backward=True))
     for mode in _recompute_modes(job.checkpointing):
         yield ("recompute", f"{mode} recompute", f"--recompute {mode}",
                f"checkpointing={mode!r}", changed(checkpointing=mode))
@@ -234,7 +242,11 @@ def _single(job: TrainingJob) -> Iterator[Candidate]:
             yield ("microbatch", f"microbatch {job.batch_size // accum} ({accum} accumulated)",
                    f"--grad-accum {accum}", f"grad_accum={accum}", changed(grad_accum=accum))
         accum *= 2
-    if job.device.is_gpu and job.offload == "none":
+    if job.device.is_gpu and not job.offload_activations:
+        yield ("activation_offload", "activations offloaded to host memory",
+               "--offload-activations", "offload_activations=True",
+               changed(offload_activations=True))
+    if job.device.is_gpu and job.offload == "none" and not job.optimizer_in_backward:
         yield ("offload", "optimizer offloaded to the CPU", "--offload optimizer",
                "offload='optimizer'", changed(offload="optimizer"))
     if job.device.is_gpu:

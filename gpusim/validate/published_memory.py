@@ -3,8 +3,8 @@ prediction of each.
 
 The figures are validation only, never fitted. Each case is turned into the job it
 describes, written as its framework writes the layers (its stack);
-a case that needs what gpusim does not model yet (CPU or activation offload, Adafactor, a
-model outside the zoo's families) is listed with the
+a case that needs what gpusim does not model yet (CPU offload, Adafactor, a model outside
+the zoo's families) is listed with the
 reason instead of being forced into a job it is not. A figure is compared with what it
 measured: ``allocated`` with the allocated peak, ``reserved`` (and ``unknown``: frameworks
 print the reserved peak) with the caching allocator's reserved peak, ``nvidia-smi`` with the
@@ -112,15 +112,11 @@ def _unsupported(row: dict[str, Any]) -> str:
         (_method(row)[0] not in ("full", "lora", "qlora"), "the fine-tuning method is not "
                                                              "one gpusim models"),
         (p.get("cpu_offload") or "offload" in opt, "CPU offload is not modelled"),
-        (t.get("activation_offloading") is True, "activation offloading (saved tensors moved "
-                                                 "to the host) is not modelled"),
         ("adafactor" in opt, "Adafactor is not modelled"),
         ("deepspeed fp16" in str(row.get("framework", "")).lower(),
          "DeepSpeed's fp16 engine is not modelled: the model held in fp16 without autocast "
          "(so a 2022 Hugging Face loss runs on fp16 logits) and an fp32 copy of each "
          "gradient shard in the optimizer step"),
-        ("fused into backward" in opt, "the optimizer step fused into backward is not "
-                                       "modelled"),
         (_model(m) is None, f"{m['name']} is not a transformer gpusim builds"),
         (_gpu(row["hardware"]["gpu"]) is None, f"no profile for {row['hardware']['gpu']}"),
     ]
@@ -206,7 +202,11 @@ def _job(row: dict[str, Any]) -> Any:
         "fp8_recipe": "rowwise" if "rowwise" in precision_text else "tensorwise",
         "finetune": method, "lora_rank": rank or 8, "lora_targets": targets,
         # LitGPT's LoRA recipes default to an adapter dropout of 0.05 (finetune/lora.py)
-        "lora_dropout": method != "full" and name.startswith("litgpt")}
+        "lora_dropout": method != "full" and name.startswith("litgpt"),
+        # torchtune's optimizer_in_bwd and enable_activation_offloading
+        "optimizer_in_backward": (t.get("optimizer_in_backward") is True
+                                  or "fused into backward" in opt),
+        "offload_activations": t.get("activation_offloading") is True}
     model, gpu = _model(m), _gpu(row["hardware"]["gpu"])
     assert model is not None and gpu is not None  # _unsupported checked both
     accum = int(t.get("grad_accum") or 1)
