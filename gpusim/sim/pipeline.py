@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import gc
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import simpy
 
@@ -76,15 +77,61 @@ class PipelineResult:
 
 
 class _Unit:
-    """Per-unit bookkeeping: what waited for what."""
+    """Per-unit bookkeeping: what waited for what, and its data-parallel collectives."""
 
     def __init__(self) -> None:
         self.acct: dict[str, float] = defaultdict(float)
         self.busy = 0.0
         self.end = 0.0
+        # Its collectives on the wire, as (start, nominal end), in the order they started;
+        # those before spans_from ended before the pass under way began, so no pass still
+        # to come overlaps them.
+        self.spans: list[tuple[float, float]] = []
+        self.spans_from = 0
+        self.outstanding = 0  # collectives its passes issued that have not finished
+        self.drained: simpy.Event | None = None  # fires when they have, once awaited
+
+
+class _Fifo:
+    """One job at a time, in the order they come: a simpy.Resource of capacity 1 without
+    the request and release events. A job is called when its turn comes and calls
+    ``release()`` when it is done."""
+
+    __slots__ = ("busy", "queue")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.queue: deque[Callable[[], object]] = deque()
+
+    def submit(self, job: Callable[[], object]) -> None:
+        if self.busy:
+            self.queue.append(job)
+        else:
+            self.busy = True
+            job()
+
+    def release(self) -> None:
+        if self.queue:
+            self.queue.popleft()()
+        else:
+            self.busy = False
+
+
+class _Costs(NamedTuple):
+    """A pass's time on a unit (before link sharing and compute slowdown) and its parts."""
+
+    length: float
+    tp: float  # tensor-parallel communication
+    cp: float  # context-parallel
+    ep: float  # expert-parallel
+    host_wait: float  # the GPU waiting for the host
+    recompute: float
+    host_s: float  # dispatching it
 
 
 Key = tuple[int, str, int, int]  # (replica, pass kind, microbatch, virtual stage)
+Unit = tuple[int, int]  # (replica, stage)
+Then = Callable[[], object]  # what to do when something is over
 
 # How much slower kernels run while a collective shares the GPU with them (NCCL's kernels
 # take SMs and memory bandwidth): 18.9%, the average computational slowdown measured over
@@ -102,7 +149,11 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     ``per_rank`` simulates every data-parallel replica rather than one; a ``straggler``
     implies it. ``comm_slowdown``: the fraction by which kernels slow down while a
     data-parallel collective runs beside them on the same GPU (NCCL's kernels take SMs and
-    memory bandwidth); None: COMM_SLOWDOWN, 0 leaves compute alone."""
+    memory bandwidth); None: COMM_SLOWDOWN, 0 leaves compute alone.
+
+    Only the compute streams are SimPy processes. Transfers and collectives are chains of
+    callbacks on timeouts (one per transfer while nothing else shares its link), so a step
+    costs a few events per pass."""
     if comm_slowdown is None:
         comm_slowdown = COMM_SLOWDOWN
     if not 0.0 <= comm_slowdown < 1.0:
@@ -115,16 +166,16 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     last_virtual = pp * v - 1
     env = simpy.Environment()
     events: list[TraceEvent] = []
-    # done[(replica, kind, micro, virtual stage)]: the pass finished; arrived[...]: its output
-    # reached the stage that needs it. produced[...] records when it finished.
-    done: dict[Key, simpy.Event] = {}
-    arrived: dict[Key, simpy.Event] = {}
+    # produced[(replica, kind, micro, virtual stage)]: when the pass finished; landed: its
+    # output reached the stage that needs it; awaited: what that stage waits on until then.
+    # Each output has one consumer, which takes its entries: they stay few.
     produced: dict[Key, float] = {}
+    landed: set[Key] = set()
+    awaited: dict[Key, simpy.Event] = {}
     units = [(r, s) for r in range(replicas) for s in range(pp)]
-    links = {(r, s, d): simpy.Resource(env, 1) for r, s in units for d in ("F", "B")}
-    dp_streams = {u: simpy.Resource(env, 1) for u in units}
+    tasks_of = [schedule(par.schedule, s, pp, micro, v) for s in range(pp)]
+    dp_streams = {u: _Fifo() for u in units}
     stats = {u: _Unit() for u in units}
-    comm_spans: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     # When pipeline transfers and data-parallel collectives both leave the node, they share
     # the GPU's NIC (each GPU of a DGX-style node has its own): overlapping ones slow each
     # other. Transfers load the sender's NIC; collectives every member's.
@@ -139,7 +190,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
                      and not plan.groups["data"].spans_nodes
                      and job.topology.peers_share_links)
     node_links = {u: SharedLink(env) for u in units} if on_node_links else {}
-    gates: dict[tuple[Any, ...], list[Any]] = {}  # collective -> [ranks arrived, start event]
+    gates: dict[tuple[Any, ...], list[Then]] = {}  # collective -> who reached it, in order
     issued: dict[tuple[int, int, str], int] = defaultdict(int)
     p2p_s = plan.p2p_s
     grad_bytes = job.whole.grad_bytes
@@ -147,12 +198,27 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     weight_bytes = job.whole.weight_bytes
     gathered_bytes = job.gathered_weight_bytes
     pcie = host_link(job.topology.gpu)
+    seconds_of: dict[tuple[str, str, float], float] = {}
+    # Each unit's trace tracks by stream, and each stage's pass names in schedule order.
+    tracks = {(r, s): {stream: f"stage {s} {stream}" if replicas == 1
+                       else f"stage {s} dp {r} {stream}"
+                       for stream in ("compute", "p2p", "dp comm")}
+              for r, s in units} if trace else {}
+    pass_names = [[f"{t.kind}{t.micro}" + (f".{t.chunk}" if v > 1 else "") for t in tasks]
+                  for tasks in tasks_of] if trace else []
 
     def host_copy_s(n_bytes: float) -> float:
         return copy_cost(n_bytes, pcie.bandwidth, pcie.latency, plan.calibration.pcie_efficiency)
 
-    slow_compute: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
-    slow_link: dict[tuple[int, int], float] = defaultdict(lambda: 1.0)
+    def collective_s(collective: str, group: str, n_bytes: float) -> float:
+        """The plan's time for a collective; buckets of a chunk all ask the same."""
+        key = (collective, group, n_bytes)
+        if key not in seconds_of:
+            seconds_of[key] = plan.collective_s(collective, group, n_bytes)  # type: ignore[arg-type]
+        return seconds_of[key]
+
+    slow_compute: dict[Unit, float] = defaultdict(lambda: 1.0)
+    slow_link: dict[Unit, float] = defaultdict(lambda: 1.0)
     if straggler is not None:
         at = rank_coords(straggler.rank, par.tensor, par.data, pp)
         slow_compute[(at.replica, at.stage)] = straggler.compute
@@ -161,243 +227,358 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     # A collective of a stage's replicas runs at the pace of its slowest member's link.
     group_link = [max(slow_link[(q, s)] for q in range(replicas)) for s in range(pp)]
 
-    def duration(work: Work, unit: tuple[int, int]) -> float:
-        busy = (work.compute_s * slow_compute[unit]
-                + (work.tp_comm_s + work.cp_comm_s + work.ep_comm_s) * slow_link[unit])
-        return max(busy + work.stall_s, work.host_s - work.host_lead_s)
+    def costs(work: Work, unit: Unit) -> _Costs:
+        """A pass's time on the unit, and its parts."""
+        compute, link = slow_compute[unit], slow_link[unit]
+        busy = (work.compute_s * compute
+                + (work.tp_comm_s + work.cp_comm_s + work.ep_comm_s) * link)
+        length = max(busy + work.stall_s, work.host_s - work.host_lead_s)
+        cp = work.cp_comm_s * link
+        ep = work.ep_comm_s * link
+        # The GPU waiting for the host (queue run dry, or a host-bound pass throughout).
+        host_wait = max(0.0, length - work.compute_s * compute - work.tp_comm_s * link
+                        - cp - ep)
+        return _Costs(length, work.tp_comm_s * link, cp, ep, host_wait,
+                      work.recompute_s * compute, work.host_s)
 
-    def track(unit: tuple[int, int], stream: str) -> str:
-        r, s = unit
-        return f"stage {s} {stream}" if replicas == 1 else f"stage {s} dp {r} {stream}"
+    def record(unit: Unit, stream: str, name: str, start: float, category: str) -> None:
+        """Trace what occupied the unit's ``stream`` until now (callers skip it, and the
+        name's formatting, without a trace)."""
+        now = env.now
+        if now > start:
+            events.append(TraceEvent(tracks[unit][stream], name, start, now, category))
 
-    def event(table: dict[Key, simpy.Event], key: Key) -> simpy.Event:
-        if key not in table:
-            table[key] = env.event()
-        return table[key]
+    def after(seconds: float, then: Then) -> None:
+        def fire(_: simpy.Event) -> None:
+            then()
 
-    def record(name_track: str, name: str, start: float, category: str) -> None:
-        if trace and env.now > start:
-            events.append(TraceEvent(name_track, name, start, env.now, category))
+        env.timeout(seconds).callbacks.append(fire)
 
-    def meet(key: tuple[Any, ...], ranks: int) -> simpy.Event:
+    def meet(key: tuple[Any, ...], ranks: int, then: Then) -> None:
+        """``then()`` for each of ``ranks`` members of collective ``key``, in the order they
+        reached it, once the last has."""
+        if ranks == 1:
+            then()
+            return
+        waiting = gates.setdefault(key, [])
+        waiting.append(then)
+        if len(waiting) == ranks:
+            del gates[key]
+            for go in waiting:
+                go()
+
+    def met(key: tuple[Any, ...], ranks: int) -> simpy.Event:
         """The event that fires when ``ranks`` members have reached collective ``key``."""
-        gate = gates.setdefault(key, [0, env.event()])
-        gate[0] += 1
-        if gate[0] == ranks:
-            gate[1].succeed()
-        return gate[1]  # type: ignore[no-any-return]
+        gate = env.event()
+        meet(key, ranks, gate.succeed)
+        return gate
 
     def hop_s(r: int, source: int, target: int) -> float:
         return p2p_s * max(slow_link[(r, source)], slow_link[(r, target)])
 
-    def send(unit: tuple[int, int], kind: str, key: Key, target_stage: int) -> Any:
-        """Carry a pass's output to the stage that consumes it."""
+    def land(key: Key) -> None:
+        """A pass's output reached the stage that consumes it."""
+        waiting = awaited.pop(key, None)
+        if waiting is None:
+            landed.add(key)
+        else:
+            waiting.succeed()
+
+    def arrival(key: Key) -> simpy.Event | None:
+        """What to wait on for a pass's output; None once it is there."""
+        if key in landed:
+            landed.remove(key)
+            return None
+        awaited[key] = env.event()
+        return awaited[key]
+
+    def link(unit: Unit, kind: str, target_stage: int) -> Callable[[Key], None]:
+        """How the unit sends its passes' outputs of ``kind`` to the stage that consumes
+        them: one transfer at a time on the link in that direction, in the order sent."""
         r, s = unit
         if target_stage == s or p2p_s == 0.0:
-            event(arrived, key).succeed()
-            return
-        with links[(r, s, kind)].request() as req:
-            yield req
-            start = env.now
-            if shared:
-                yield from nics[unit].transfer(hop_s(r, s, target_stage))
-            else:
-                yield env.timeout(hop_s(r, s, target_stage))
-            record(track(unit, "p2p"), f"send {kind}{key[2]}", start, "pipeline_comm")
-        event(arrived, key).succeed()
+            return land
+        seconds = hop_s(r, s, target_stage)
+        waiting: deque[Key] = deque()
+        crossing: list[Any] = [None, 0.0]  # the output under way, and since when
 
-    def reduce(unit: tuple[int, int], collective: str, n_bytes: float, label: str,
-               ready_at: float = 0.0, group: str = "data") -> Any:
-        """A data-parallel collective on the unit's communication stream; it starts when
-        every replica of the stage has reached it."""
+        def cross(key: Key) -> None:
+            crossing[0], crossing[1] = key, env.now
+            if shared:
+                nics[unit].start(seconds, crossed)
+            else:
+                env.timeout(seconds).callbacks.append(lambda _: crossed())
+
+        def crossed() -> None:
+            key, start = crossing
+            if trace:
+                record(unit, "p2p", f"send {kind}{key[2]}", start, "pipeline_comm")
+            if waiting:
+                cross(waiting.popleft())
+            else:
+                crossing[0] = None
+            land(key)
+
+        def send(key: Key) -> None:
+            if crossing[0] is None:
+                cross(key)
+            else:
+                waiting.append(key)
+
+        return send
+
+    def issue(unit: Unit, label: str) -> int:
+        """Number the unit's collectives of one label: members match by it."""
         r, s = unit
         nth = issued[(r, s, label)]
         issued[(r, s, label)] += 1
-        if ready_at > env.now:
-            yield env.timeout(ready_at - env.now)
-        seconds = plan.collective_s(collective, group, n_bytes)  # type: ignore[arg-type]
+        return nth
+
+    def reduce(unit: Unit, collective: str, n_bytes: float, label: str, nth: int,
+               then: Then, group: str = "data") -> None:
+        """A data-parallel collective on the unit's communication stream, ``then()`` when
+        it is done; it starts when every replica of the stage has reached it."""
+        s = unit[1]
+        seconds = collective_s(collective, group, n_bytes)
         if seconds == 0.0:
+            then()
             return
         seconds *= group_link[s]
-        with dp_streams[unit].request() as req:
-            yield req
-            yield meet(("data", s, label, nth), replicas)
+        stream = dp_streams[unit]
+
+        def begin() -> None:
             start = env.now
             if comm_slowdown:
-                comm_spans[unit].append((start, start + seconds))
+                stats[unit].spans.append((start, start + seconds))
+
+            def end() -> None:
+                if trace:
+                    record(unit, "dp comm", label, start, "data_parallel_comm")
+                stream.release()
+                then()
+
             if shared or on_node_links:  # done when the member slowed most by its
                 # NIC's or node links' other traffic is
                 link = nics[unit] if shared else node_links[unit]
-                yield from link.transfer(seconds)
-                yield meet(("data done", s, label, nth), replicas)
+                link.start(seconds, lambda: meet(("data done", s, label, nth), replicas, end))
             else:
-                yield env.timeout(seconds)
-            record(track(unit, "dp comm"), label, start, "data_parallel_comm")
+                after(seconds, end)
 
-    def bucketed(unit: tuple[int, int], chunk: ChunkPlan, collective: str, start: float,
-                 length: float) -> list[simpy.Process]:
+        stream.submit(lambda: meet(("data", s, label, nth), replicas, begin))
+
+    def reduced(unit: Unit, collective: str, n_bytes: float, label: str,
+                group: str = "data") -> simpy.Event:
+        """A collective issued now; the event fires when it is done."""
+        done = env.event()
+        reduce(unit, collective, n_bytes, label, issue(unit, label), done.succeed, group)
+        return done
+
+    def settle(info: _Unit) -> None:
+        info.outstanding -= 1
+        if info.outstanding == 0 and info.drained is not None:
+            info.drained.succeed()
+
+    def overlapped(unit: Unit, collective: str, n_bytes: float, label: str,
+                   ready_at: float = 0.0, group: str = "data") -> None:
+        """A collective issued now that the unit's optimizer step waits for; it takes its
+        turn on the stream once ready at ``ready_at``."""
+        info = stats[unit]
+        info.outstanding += 1
+        nth = issue(unit, label)
+
+        def go() -> None:
+            reduce(unit, collective, n_bytes, label, nth, lambda: settle(info), group)
+
+        if ready_at > env.now:
+            after(ready_at - env.now, go)
+        else:
+            go()
+
+    def bucketed(unit: Unit, chunk: ChunkPlan, collective: str, start: float,
+                 length: float) -> None:
         """Gradient buckets become ready evenly through a backward pass of ``length``."""
         total = chunk.trainable_params * grad_bytes
         if total == 0 or par.data == 1:
-            return []
+            return
         count = max(1, math.ceil(total / DDP_BUCKET_BYTES))
         group = "shard" if par.zero >= 2 else "data"
-        out = [env.process(reduce(unit, collective, total / count,
-                                  f"{collective} bucket {i}",
-                                  start + length * (i + 1) / count, group))
-               for i in range(count)]
+        for i in range(count):
+            overlapped(unit, collective, total / count, f"{collective} bucket {i}",
+                       start + length * (i + 1) / count, group)
         if par.shard_ranks < par.data:  # hybrid sharding: each shard all-reduced across groups
-            out += [env.process(reduce(unit, "all_reduce", total / count / par.shard_ranks,
-                                       f"all_reduce shard bucket {i}",
-                                       start + length * (i + 1) / count, "replicate"))
-                    for i in range(count)]
-        return out
+            for i in range(count):
+                overlapped(unit, "all_reduce", total / count / par.shard_ranks,
+                           f"all_reduce shard bucket {i}", start + length * (i + 1) / count,
+                           "replicate")
 
-    def gather_weights(unit: tuple[int, int], params: float) -> simpy.Process:
-        return env.process(gather(unit, params))
+    def gather(unit: Unit, params: float) -> simpy.Event:
+        """ZeRO-3's all-gather of ``params`` weights; the event fires when they are here."""
+        done = env.event()
 
-    def gather(unit: tuple[int, int], params: float) -> Any:
+        def go() -> None:
+            label = "all_gather weights"
+            reduce(unit, "all_gather", params * gathered_bytes, label, issue(unit, label),
+                   done.succeed, "shard")
+
         if job.offload == "params":
             # FSDP CPU offload: the rank's fp32 shard comes up over PCIe before each gather
-            yield env.timeout(host_copy_s(params / par.shard_ranks * weight_bytes))
-        yield from reduce(unit, "all_gather", params * gathered_bytes, "all_gather weights",
-                          group="shard")
+            after(host_copy_s(params / par.shard_ranks * weight_bytes), go)
+        else:
+            go()
+        return done
 
-    def run_stage(unit: tuple[int, int], st: StagePlan) -> Any:
+    def overlap_s(info: _Unit, start: float) -> float:
+        """Seconds since ``start`` that the unit's collectives were on the wire."""
+        spans, first = info.spans, info.spans_from
+        while first < len(spans) and spans[first][1] <= start:
+            first += 1  # over before this pass began: no later pass overlaps it either
+        info.spans_from = first
+        now = env.now
+        return sum(max(0.0, min(spans[i][1], now) - max(spans[i][0], start))
+                   for i in range(first, len(spans)))
+
+    def run_stage(unit: Unit, st: StagePlan) -> Any:
         r, s = unit
         info = stats[unit]
-        tasks = schedule(par.schedule, s, pp, micro, v)
+        acct = info.acct
+        tasks = tasks_of[s]
         last_backward = {c: max(t.micro for t in tasks if t.kind == "B" and t.chunk == c)
                          for c in range(v)}
-        pending: list[simpy.Process] = []
+        # Every pass of a chunk and kind costs the same: (chunk, kind) -> its costs.
+        pass_costs: dict[tuple[int, str], _Costs] = {}
+        # (stage the input comes from) -> its hop; a stage's own input needs none.
+        hops = {source: hop_s(r, source, s) if source != s else 0.0 for source in range(pp)}
         if par.zero == 3:  # the first block's weights before anything can run
             first = env.now
-            yield gather_weights(unit, st.chunks[tasks[0].chunk].largest_block_params)
-            info.acct["data_parallel_comm"] += env.now - first
+            yield gather(unit, st.chunks[tasks[0].chunk].largest_block_params)
+            acct["data_parallel_comm"] += env.now - first
+        send_forward = link(unit, "F", (s + 1) % pp)
+        send_backward = link(unit, "B", (s - 1) % pp)
         prev_end = env.now
-        for t in tasks:
+        for i, t in enumerate(tasks):
             chunk = st.chunks[t.chunk]
+            forward = t.kind == "F"
             vs = chunk.index
             key = (r, t.kind, t.micro, vs)
             dep: Key | None
-            if t.kind == "F":
+            if forward:
                 dep = (r, "F", t.micro, vs - 1) if vs > 0 else None
             else:
                 dep = (r, "B", t.micro, vs + 1) if vs < last_virtual else (r, "F", t.micro, vs)
-            if dep is not None:
-                if dep[1] == "F" and dep[3] == vs:
-                    yield event(done, dep)
-                else:
-                    yield event(arrived, dep)
+            # The last virtual stage's backward pass follows its own forward pass, which
+            # this stage ran before it: it waits only for outputs from other passes.
+            if dep is not None and dep[3] != vs:
+                waiting = arrival(dep)
+                if waiting is not None:
+                    yield waiting
             start = env.now
             # Split the wait before this pass: the producer still computing is pipeline
             # bubble, its output in flight is pipeline communication, the rest is waiting for
             # ZeRO-3's weight gather.
-            producer = produced.get(dep, 0.0) if dep is not None else 0.0
-            source = dep[3] % pp if dep is not None else s
-            hop = hop_s(r, source, s) if source != s else 0.0
-            arrival = min(start, producer + hop)
+            producer = produced.pop(dep, 0.0) if dep is not None else 0.0
+            hop = hops[dep[3] % pp] if dep is not None else 0.0
+            arrival_s = min(start, producer + hop)
             bubble = max(0.0, min(start, producer) - prev_end)
-            p2p = max(0.0, arrival - max(prev_end, producer))
+            p2p = max(0.0, arrival_s - max(prev_end, producer))
             rest = max(0.0, start - prev_end - bubble - p2p)  # link queue, or ZeRO-3 gather
-            info.acct["pipeline_bubble"] += bubble
-            info.acct["pipeline_comm"] += p2p + (0.0 if par.zero == 3 else rest)
-            info.acct["data_parallel_comm"] += rest if par.zero == 3 else 0.0
-            gathering = gather_weights(unit, chunk.params) if par.zero == 3 else None
-            work = chunk.forward if t.kind == "F" else chunk.backward
-            length = duration(work, unit)
-            # The GPU waiting for the host (queue run dry, or a host-bound pass throughout).
-            cp = work.cp_comm_s * slow_link[unit]
-            ep = work.ep_comm_s * slow_link[unit]
-            host_wait = max(0.0, length - work.compute_s * slow_compute[unit]
-                            - work.tp_comm_s * slow_link[unit] - cp - ep)
-            if t.kind == "B" and par.data > 1:  # gradient buckets fill as the pass runs
+            acct["pipeline_bubble"] += bubble
+            acct["pipeline_comm"] += p2p + (0.0 if par.zero == 3 else rest)
+            acct["data_parallel_comm"] += rest if par.zero == 3 else 0.0
+            gathering = gather(unit, chunk.params) if par.zero == 3 else None
+            if (t.chunk, t.kind) not in pass_costs:
+                pass_costs[(t.chunk, t.kind)] = costs(chunk.forward if forward
+                                                      else chunk.backward, unit)
+            length, tp, cp, ep, host_wait, recompute, host_s = pass_costs[(t.chunk, t.kind)]
+            # The pass's tensor-parallel traffic, taken as one transfer after its kernels,
+            # shares the node links with data-parallel collectives under way.
+            tp_apart = on_node_links and tp > 0.0 and length > host_s
+            kernels = env.timeout(length - tp if tp_apart else length)
+            # Gradient buckets fill as the pass runs. (Their readiness is scheduled after the
+            # pass's kernels: at a tie, the pass ends first.)
+            if not forward and par.data > 1:
                 if par.zero >= 2:
-                    pending += bucketed(unit, chunk, "reduce_scatter", start, length)
+                    bucketed(unit, chunk, "reduce_scatter", start, length)
                 elif par.overlap_grad_reduce and t.micro == last_backward[t.chunk]:
                     collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
-                    pending += bucketed(unit, chunk, collective, start, length)
-            tp = work.tp_comm_s * slow_link[unit]
-            if on_node_links and tp > 0.0 and length > work.host_s:
-                # The pass's tensor-parallel traffic, taken as one transfer after its
-                # kernels, shares the node links with data-parallel collectives under way.
-                yield env.timeout(length - tp)
+                    bucketed(unit, chunk, collective, start, length)
+            yield kernels
+            if tp_apart:
                 yield from node_links[unit].transfer(tp)
                 shared_tp = env.now - start - length + tp
             else:
-                yield env.timeout(length)
                 shared_tp = tp
             length += shared_tp - tp
             extra = 0.0
             if comm_slowdown:
                 # Kernels that shared the GPU with a collective ran slower by that overlap.
-                overlap = sum(max(0.0, min(b, env.now) - max(a, start))
-                              for a, b in comm_spans[unit])
-                extra = comm_slowdown * overlap
-                yield env.timeout(extra)
+                if len(info.spans) > info.spans_from:
+                    extra = comm_slowdown * overlap_s(info, start)
+                if extra or par.zero == 3:
+                    # (Under ZeRO-3 even no slowdown takes its turn, so a bucket ready as the
+                    # pass ends queues before the next pass's weight gather, as it always did.)
+                    yield env.timeout(extra)
             if gathering is not None and not gathering.processed:
                 waited = env.now
                 yield gathering
-                info.acct["data_parallel_comm"] += env.now - waited
+                acct["data_parallel_comm"] += env.now - waited
             info.busy += length + extra
-            info.acct["comm_slowdown"] += extra
+            acct["comm_slowdown"] += extra
             tp = shared_tp
-            info.acct["host_dispatch"] += host_wait
-            if t.kind == "F":
-                info.acct["forward"] += length - tp - cp - ep - host_wait
+            acct["host_dispatch"] += host_wait
+            if forward:
+                acct["forward"] += length - tp - cp - ep - host_wait
             else:
-                recompute = work.recompute_s * slow_compute[unit]
-                info.acct["recompute"] += recompute
-                info.acct["backward"] += length - tp - cp - ep - recompute - host_wait
-            info.acct["tensor_parallel_comm"] += tp
-            info.acct["context_parallel_comm"] += cp
-            info.acct["expert_parallel_comm"] += ep
-            record(track(unit, "compute"),
-                   f"{t.kind}{t.micro}" + (f".{t.chunk}" if v > 1 else ""),
-                   start, "forward" if t.kind == "F" else "backward")
-            prev_end = env.now
-            produced[key] = env.now
-            event(done, key).succeed()
-            if t.kind == "F" and vs < last_virtual:
-                env.process(send(unit, "F", key, (vs + 1) % pp))
-            elif t.kind == "B" and vs > 0:
-                env.process(send(unit, "B", key, (vs - 1) % pp))
+                acct["recompute"] += recompute
+                acct["backward"] += length - tp - cp - ep - recompute - host_wait
+            acct["tensor_parallel_comm"] += tp
+            acct["context_parallel_comm"] += cp
+            acct["expert_parallel_comm"] += ep
+            prev_end = produced[key] = env.now
+            if trace:
+                record(unit, "compute", pass_names[s][i], start,
+                       "forward" if forward else "backward")
+            if forward and vs < last_virtual:
+                send_forward(key)
+            elif not forward and vs > 0:
+                send_backward(key)
         backward_end = env.now
         if par.data > 1 and par.zero <= 1 and not par.overlap_grad_reduce:
             collective = "reduce_scatter" if par.zero == 1 else "all_reduce"
-            pending.append(env.process(reduce(unit, collective,
-                                              st.trainable_params * grad_bytes,
-                                              f"{collective} gradients")))
-        yield simpy.AllOf(env, pending)
-        info.acct["data_parallel_comm"] += env.now - backward_end
+            overlapped(unit, collective, st.trainable_params * grad_bytes,
+                       f"{collective} gradients")
+        if info.outstanding:
+            info.drained = env.event()
+            yield info.drained
+        acct["data_parallel_comm"] += env.now - backward_end
         if tied and s in (0, pp - 1):
             # Megatron-LM then all-reduces the tied word-embedding gradients between the
             # first and last stage (its finalize step), before the optimizer.
             waited = env.now
-            yield meet(("embedding", r), 2)
+            yield met(("embedding", r), 2)
             start = env.now
-            seconds = plan.collective_s("all_reduce", "embedding", tied * grad_bytes)
+            seconds = collective_s("all_reduce", "embedding", tied * grad_bytes)
             yield env.timeout(seconds * max(slow_link[(r, 0)], slow_link[(r, pp - 1)]))
-            info.acct["pipeline_comm"] += env.now - waited
-            record(track(unit, "dp comm"), "all_reduce tied embedding", start,
-                   "pipeline_comm")
+            acct["pipeline_comm"] += env.now - waited
+            if trace:
+                record(unit, "dp comm", "all_reduce tied embedding", start, "pipeline_comm")
         start = env.now
         optimizer_s = st.optimizer_s * slow_compute[unit]
         yield env.timeout(optimizer_s)
-        info.acct["optimizer"] += optimizer_s
+        acct["optimizer"] += optimizer_s
         info.busy += optimizer_s
-        record(track(unit, "compute"), "optimizer step", start, "optimizer")
+        if trace:
+            record(unit, "compute", "optimizer step", start, "optimizer")
         if par.data > 1 and par.zero in (1, 2):
             start = env.now
-            yield env.process(reduce(unit, "all_gather", st.trainable_params * weight_bytes,
-                                     "all_gather updated weights"))
-            info.acct["data_parallel_comm"] += env.now - start
+            yield reduced(unit, "all_gather", st.trainable_params * weight_bytes,
+                          "all_gather updated weights")
+            acct["data_parallel_comm"] += env.now - start
         info.end = env.now
 
     procs = [env.process(run_stage(u, plan.stages[u[1]])) for u in units]
-    # The run allocates hundreds of thousands of short-lived events, and Python's cyclic
-    # collector would walk everything alive each time their count builds up (a tenth of
-    # the run); paused, their cycles are freed once after it.
+    # The run allocates tens of thousands of short-lived events and callbacks, and Python's
+    # cyclic collector would walk everything alive each time their count builds up; paused,
+    # their cycles are freed once after it.
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -416,6 +597,6 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         breakdown["input_pipeline"] = max(0.0, loaded - step)
         step = max(step, loaded)
     busy = sum(info.busy for info in stats.values()) / (len(units) * step) if step else 0.0
-    passes = replicas * sum(len(schedule(par.schedule, s, pp, micro, v)) for s in range(pp))
+    passes = replicas * sum(len(tasks) for tasks in tasks_of)
     return PipelineResult(step, breakdown, busy, critical[1], passes, Trace(tuple(events)),
                           len(units), critical[0])
