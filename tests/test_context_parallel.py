@@ -51,6 +51,26 @@ def test_a_rank_attends_its_queries_over_every_key() -> None:
     assert size == 2 * SEQ * 4 * (2048 // 16) * 2  # K and V of every token, 4 KV heads
 
 
+def test_ring_steps_merge_outputs_and_accumulate_gradients_in_fp32() -> None:
+    """PyTorch's ring attention runs the kernel once per step and merges the blocks'
+    outputs in fp32 (torch/distributed/tensor/experimental/_attention.py): bytes beyond the
+    kernels, and none without context parallelism."""
+    att = next(la for la in _model().layers if isinstance(la, Attention))
+    part = split_sequence(att, 4)
+    assert isinstance(part, Attention) and part.cp_steps == 4
+    q = SEQ // 4 * 16 * 128  # this rank's output: a quarter of the tokens, 16 heads of 128
+    kv = 2 * SEQ // 4 * 4 * 128  # its K and V, 4 KV heads
+    merge = next(op for op in part.forward(1, BF16) if op.name.endswith("ring_merge"))
+    # each of 4 blocks converted to fp32 (2 bytes read, 4 written), 3 merges (5 fp32 reads,
+    # 3 writes), the result cast back (4 read, 2 written)
+    assert merge.bytes == 4 * q * 6 + 3 * q * 32 + q * 6
+    pack = next(op for op in part.forward(1, BF16) if op.name.endswith("ring_kv_pack"))
+    assert pack.bytes == 3 * kv * 2 * 2  # K and V packed to pass on, all steps but the last
+    accumulate = [op for op in part.backward_input(1, BF16) if "ring_grad" in op.name]
+    assert len(accumulate) == 1 and accumulate[0].bytes > 4 * (q + kv) * 4
+    assert not any("ring" in op.name for op in att.forward(1, BF16) + att.backward_input(1, BF16))
+
+
 def test_context_parallel_ranks_hold_a_slice_of_the_activations() -> None:
     plain, split = _job(1), _job(4)
     assert split.parallel.describe().startswith("TP 1 x CP 4 x PP 1 x DP 2")

@@ -53,7 +53,7 @@ def split_sequence(layer: Layer, context: int) -> Layer:
     if context == 1:
         return layer
     if isinstance(layer, Attention):
-        return replace(layer, seq=layer.seq // context, kv_seq=layer.keys)
+        return replace(layer, seq=layer.seq // context, kv_seq=layer.keys, cp_steps=context)
     if isinstance(layer, (Linear, LoraAdapter, Embedding, CrossEntropy, MoE)):
         return replace(layer, rows=math.ceil(layer.rows / context))
     if isinstance(layer, Elementwise):

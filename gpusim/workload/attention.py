@@ -51,6 +51,12 @@ class Attention(Layer):
     # memory-efficient kernel and Transformer Engine write (batch, seq, heads, dim), so the
     # merge is a view and the projection keeps the kernel's own output.
     merge_copy: bool = True
+    # Context parallelism's ring steps: the kernel runs once per step on one block of keys
+    # (PyTorch's context_parallel, torch/distributed/tensor/experimental/_attention.py,
+    # _templated_ring_attention), so the whole work is the same, but the blocks' outputs are
+    # merged in fp32 and the gradients accumulated in fp32 (_SDPAMerger, convert_to_f32;
+    # _templated_ring_attention_backward). 1: no context parallelism.
+    cp_steps: int = 1
 
     @property
     def _kv(self) -> int:
@@ -140,9 +146,43 @@ class Attention(Layer):
                 ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
                                      mask_written=scores))
             ops += self._score_gemms(n, ("av",), num)
+        if self.fused and self.cp_steps > 1:
+            ops += self._ring_forward(n, num)
         if self.merge_copy:
             ops.append(self._layout("merge_heads", out, num))
         return self._tag(ops)
+
+    def _ring_sizes(self, n: int) -> tuple[float, float]:
+        """Elements of this rank's output (its queries) and of its K and V together."""
+        return (n * self.heads * self.seq * self.head_dim,
+                2.0 * n * self._kv * self.seq * self.head_dim)
+
+    def _ring_forward(self, n: int, num: Numerics) -> list[Op]:
+        """The ring's forward beyond its kernels, as bytes: every step but the last packs K
+        and V into one buffer to pass on (torch.cat); every block's output and log-sum-exp
+        are converted to fp32, and each after the first merged into the running output
+        (out - sigmoid(lse_block - lse) * (out - out_block): five fp32 reads and three
+        writes an element); the result is cast back to the compute type."""
+        c, act, f32 = self.cp_steps, num.act_bytes, DTYPE_BYTES["fp32"]
+        q, kv = self._ring_sizes(n)
+        pack = (c - 1) * kv * act
+        merge_read = c * q * act + (c - 1) * q * 5 * f32 + q * f32
+        merge_written = c * q * f32 + (c - 1) * q * 3 * f32 + q * act
+        return [memory_op(f"{self.name}.ring_kv_pack", pack, pack, 1, 0),
+                memory_op(f"{self.name}.ring_merge", merge_read, merge_written, 1, 0)]
+
+    def _ring_backward(self, n: int, num: Numerics) -> list[Op]:
+        """The ring's backward beyond its kernels, as bytes: fp32 gradient buffers zeroed;
+        each step adds its block's dq into the fp32 dq, and its dk and dv into the fp32
+        buffer that arrived from the previous rank, which is packed (torch.cat) to pass
+        on; K and V are packed to pass on as in forward; dq, dk and dv are cast back."""
+        c, act, f32 = self.cp_steps, num.act_bytes, DTYPE_BYTES["fp32"]
+        q, kv = self._ring_sizes(n)
+        read = (c * q * (f32 + act) + c * kv * (f32 + act) + c * kv * f32
+                + (c - 1) * kv * act + (q + kv) * f32)
+        written = ((q + kv) * f32 + c * q * f32 + c * kv * f32 + c * kv * f32
+                   + (c - 1) * kv * act + (q + kv) * act)
+        return [memory_op(f"{self.name}.ring_grad_accumulate", read, written, 1, 0)]
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         ops = [self._layout("split_heads_grad", n * self.out_elements, num)] \
@@ -162,6 +202,8 @@ class Attention(Layer):
             ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores,
                                  num.act_bytes, 3))
             ops += self._score_gemms(n, ("dq", "dk"), num)
+        if self.fused and self.cp_steps > 1:
+            ops += self._ring_backward(n, num)
         ops += self._repeat_kv(n, num, backward=True)
         return self._tag([*ops, self._qkv_grad_pack(n, num)])
 
