@@ -117,3 +117,32 @@ def test_a_fused_loss_keeps_the_logits_once(h100: GPUProfile) -> None:
     logits_and_grad = 2 * 4 * head.out_elements * 2
     assert memory_plan(eager).transient == logits_and_grad
     assert memory_plan(fused).transient < logits_and_grad / 4
+
+
+def test_adafactor_keeps_factored_second_moments(h100: GPUProfile) -> None:
+    """Hugging Face's Adafactor (no first moment) keeps a matrix's row and column means and
+    a vector whole, in fp32: an MLP's states are a few kilobytes where Adam's are 8 bytes a
+    parameter; each tensor's step runs a dozen passes over it."""
+    from gpusim.plan.lower import optimizer_ops
+
+    model = zoo.get("mnist-mlp")
+    adam = memory_plan(TrainingJob(model, h100, 64, "fp32", optimizer="adam"))
+    ada_job = TrainingJob(model, h100, 64, "fp32", optimizer="adafactor")
+    ada = memory_plan(ada_job)
+    expected = 0
+    for layer in model.layers:
+        if getattr(layer, "in_features", 0):  # a linear layer: (out, in) weight and bias
+            expected += layer.in_features + 2 * layer.out_features
+    assert ada.optimizer_states == 4 * expected
+    assert adam.optimizer_states == 8 * model.parameters
+    assert ada.optimizer_states < adam.optimizer_states / 50
+    weight = max(size for lay in model.layers for size in lay.tensor_sizes())
+    assert ada.optimizer_temporaries == 2 * 4 * weight
+    assert len(optimizer_ops(ada_job)) > len(optimizer_ops(TrainingJob(
+        model, h100, 64, "fp32", optimizer="adam")))
+
+
+def test_adafactor_is_refused_where_megatron_steps(h100: GPUProfile) -> None:
+    with pytest.raises(InvalidConfig, match="no Adafactor"):
+        TrainingJob(zoo.get("gpt2"), h100, 8, "bf16", optimizer="adafactor",
+                    master_weights=True)

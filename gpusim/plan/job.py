@@ -33,8 +33,8 @@ def auto_precision(device: DeviceProfile) -> TrainingPrecision:
         if precision in device.matrix_tflops:
             return precision
     return "fp32"
-Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum", "adamw8bit"]
-OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum", "adamw8bit")
+Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum", "adamw8bit", "adafactor"]
+OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum", "adamw8bit", "adafactor")
 # A recompute mode (gpusim.plan.recompute): none, selective, per-op, full or every-k:N.
 Checkpointing = str
 
@@ -134,6 +134,9 @@ class TrainingJob:
         if self.pure_bf16 and self.precision != "bf16":
             raise InvalidConfig(f"pure bf16 training holds the model in bf16; it needs "
                                 f"--precision bf16 (got {self.precision})")
+        if self.optimizer == "adafactor" and self.master_weights:
+            raise InvalidConfig("Megatron-LM's optimizer (tensor or pipeline parallelism) "
+                                "has no Adafactor; use --optimizer adam or adamw there")
         if self.pure_bf16 and self.master_weights:
             raise InvalidConfig("pure bf16 keeps no fp32 master weights, which Megatron-LM "
                                 "style training (tensor or pipeline parallelism) keeps")

@@ -60,6 +60,15 @@ OPTIMIZER_PASSES: dict[str, list[Pass]] = {
     # bitsandbytes' AdamW8bit: one fused kernel reads the weight, its gradient and two
     # 1-byte states, and writes the weight and the states (in fp32-element units).
     "adamw8bit": [("adam_8bit", 2.5, 1.5, False)],
+    # Hugging Face's Adafactor as its Trainer builds it (transformers/optimization.py,
+    # Adafactor.step; no first moment, beta1 None): the weight's RMS, the squared gradient
+    # plus eps, its row and column means into the factored moments, their outer product
+    # times the gradient, clipped by its own RMS, scaled by the learning rate, subtracted.
+    "adafactor": [("step", 0, 0, False), ("rms", 1, 0, False), ("pow", 1, 1, True),
+                  ("add", 1, 1, True), ("mean_rows", 1, 0, False), ("mean_cols", 1, 0, False),
+                  ("outer", 0, 1, True), ("mul_", 2, 1, False), ("rms", 1, 0, False),
+                  ("div_", 1, 1, False), ("mul_", 1, 1, False), ("neg", 1, 1, True),
+                  ("add_", 2, 1, False)],
 }
 
 # Megatron-LM's mixed-precision optimizer (Float16OptimizerWithFloat16Params) around apex's

@@ -276,7 +276,20 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
     foreach = (job.device.is_gpu and job.optimizer in ("adam", "adamw")
                and stack.optimizer == "foreach" and not job.master_weights)
     temporaries = trainable * (2.0 if job.pure_bf16 else 4.0) if foreach else 0.0
-    states = OPTIMIZER_STATE_BYTES[job.optimizer] * trainable * state_scale + master
+    if job.optimizer == "adafactor":
+        # Adafactor keeps a matrix's second moment factored (its row and column means) and
+        # a vector's whole, in fp32 whatever the weights' type (transformers Adafactor.step
+        # upcasts 16-bit gradients before it creates its state); and, a tensor at a time,
+        # the squared gradient and the factors' outer product (a 16-bit weight's fp32 copy
+        # too) are alive beside it.
+        trained = [lay for lay in layers if lay.params and job.is_trainable(lay.name)]
+        states = DTYPE_BYTES["fp32"] * sum(size for lay in trained
+                                           for size in lay.factored_sizes()) + master
+        largest = max((size for lay in trained for size in lay.tensor_sizes()), default=0)
+        copies = 2 + (job.weight_bytes < DTYPE_BYTES["fp32"])
+        temporaries = DTYPE_BYTES["fp32"] * largest * copies
+    else:
+        states = OPTIMIZER_STATE_BYTES[job.optimizer] * trainable * state_scale + master
     weights = float(job.weight_bytes * trainable
                     + sum(lay.params * job.frozen_bytes(lay) for lay in layers
                           if not job.is_trainable(lay.name)))

@@ -112,7 +112,6 @@ def _unsupported(row: dict[str, Any]) -> str:
         (_method(row)[0] not in ("full", "lora", "qlora"), "the fine-tuning method is not "
                                                              "one gpusim models"),
         (p.get("cpu_offload") or "offload" in opt, "CPU offload is not modelled"),
-        ("adafactor" in opt, "Adafactor is not modelled"),
         ("deepspeed fp16" in str(row.get("framework", "")).lower(),
          "DeepSpeed's fp16 engine is not modelled: the model held in fp16 without autocast "
          "(so a 2022 Hugging Face loss runs on fp16 logits) and an fp32 copy of each "
@@ -171,7 +170,8 @@ def _job(row: dict[str, Any]) -> Any:
     precision = "fp8" if "float8" in precision_text else "fp16" if "fp16" in precision_text \
         else "bf16" if "bf16" in precision_text else "fp32"
     opt = str(t.get("optimizer", "adamw")).lower()
-    optimizer = "adamw8bit" if "8-bit" in opt else "adamw"
+    optimizer = "adamw8bit" if "8-bit" in opt else "adafactor" if "adafactor" in opt \
+        else "adamw"
     ac = str(t.get("activation_checkpointing", "none"))
     recompute = RECOMPUTE.get(ac, "full" if ac.startswith("full") else ac)
     micro = int(t["microbatch_per_gpu"])

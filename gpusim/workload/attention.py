@@ -253,6 +253,9 @@ class Embedding(Layer):
     def params(self) -> int:
         return self.num_embeddings * self.dim
 
+    def factored_sizes(self) -> list[int]:
+        return [self.num_embeddings + self.dim]
+
     @property
     def out_elements(self) -> int:
         return self.rows * self.dim

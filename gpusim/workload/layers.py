@@ -79,6 +79,12 @@ class Layer(ABC):
         """Elements of each trainable tensor (an optimizer updates them one by one)."""
         return [self.params] if self.params else []
 
+    def factored_sizes(self) -> list[int]:
+        """Elements of each trainable tensor's factored second moment, as Adafactor keeps
+        it: a matrix's row and column means (its sum over the last dimension, and over the
+        one before), a vector whole."""
+        return self.tensor_sizes()
+
     def saved_bytes(self, n: int, num: Numerics) -> float:
         """Bytes this layer keeps from forward until its backward runs."""
         return 0.0
@@ -116,6 +122,12 @@ class Linear(Layer):
         if self.shared:
             return []
         weight = [self.in_features * self.out_features]
+        return [*weight, self.out_features] if self.bias else weight
+
+    def factored_sizes(self) -> list[int]:
+        if self.shared:
+            return []
+        weight = [self.in_features + self.out_features]  # (out, in): out rows, in columns
         return [*weight, self.out_features] if self.bias else weight
 
     @property
@@ -186,6 +198,11 @@ class Conv2d(Layer):
     def tensor_sizes(self) -> list[int]:
         weight = [self.params - (self.out_channels if self.bias else 0)]
         return [*weight, self.out_channels] if self.bias else weight
+
+    def factored_sizes(self) -> list[int]:
+        # (out, in / groups, k, k): rows out x in x k, columns the same count
+        rows = self.out_channels * (self.in_channels // self.groups) * self.kernel
+        return [2 * rows, self.out_channels] if self.bias else [2 * rows]
 
     @property
     def out_elements(self) -> int:

@@ -43,6 +43,9 @@ class LoraAdapter(Layer):
     def tensor_sizes(self) -> list[int]:
         return [self.parts * self.rank * self.in_features, self.rank * self.out_features]
 
+    def factored_sizes(self) -> list[int]:
+        return [self.parts * self.rank + self.in_features, self.rank + self.out_features]
+
     @property
     def _ranks(self) -> int:
         return self.parts * self.rank

@@ -69,6 +69,15 @@ class MoE(Layer):
             sizes += [self._shared_up * self.hidden, self.shared_ffn * self.hidden]
         return sizes
 
+    def factored_sizes(self) -> list[int]:
+        # stacked experts (experts, out, in): rows experts x out, columns experts x in
+        e = self.held
+        sizes = [self.hidden + self.experts, e * (self._up + self.hidden),
+                 e * (self.hidden + self.ffn)]
+        if self.shared_ffn:
+            sizes += [self._shared_up + self.hidden, self.hidden + self.shared_ffn]
+        return sizes
+
     @property
     def out_elements(self) -> int:
         return self.rows * self.hidden
