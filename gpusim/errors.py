@@ -1,8 +1,8 @@
 """The errors gpusim raises on purpose.
 
 A ``GpusimError`` is an answer about the user's input or job (an unknown GPU, a job that does
-not fit), never a bug. The CLI prints its message on one line and exits with status 2; sweeps
-record it per point and go on.
+not fit), never a bug, but for ``SimulationStalled``, which reports one in a line. The CLI
+prints its message on one line and exits with status 2; sweeps record it per point and go on.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ class OutOfMemory(GpusimError):
 
     def __str__(self) -> str:
         return self.message(cli=False)
+
+
+class SimulationStalled(GpusimError):
+    """The simulated step stopped short: every rank left waits for another (a defect of
+    the simulator, not of the job)."""
 
 
 class InvalidMeasurement(GpusimError):

@@ -231,3 +231,18 @@ def test_per_rank_beyond_a_minute_of_work_is_refused_up_front() -> None:
     with pytest.raises(InvalidConfig, match=r"--per-rank would simulate 393,216 passes"):
         estimate("gpt3-175b", None, 12288, precision="bf16", system="dgx-a100",
                  num_gpus=98304, tp=8, pp=16, microbatch_size=1, per_rank=True)
+
+
+def test_a_slow_gpu_under_fsdp_cpu_offload_still_meets_its_collectives() -> None:
+    """Each rank issues its ZeRO-3 gathers in program order, holding their place on the
+    stream while the offloaded shard comes up over PCIe: a slow rank's gathers and gradient
+    buckets reach the stream in the same order as the others', and the step ends (it
+    stopped with no events left, every rank waiting on another, before)."""
+    job = ParallelJob(GPT, Topology.build("dgx-a100", 8), 64,
+                      ParallelConfig(data=8, microbatch_size=2, zero=3), "bf16", "adam",
+                      "none", offload="params")
+    p = plan_parallel(job)
+    even = simulate_pipeline(p, trace=False, per_rank=True)
+    slow = simulate_pipeline(p, trace=False, straggler=Straggler(5, compute=1.5))
+    assert slow.step_time_s > even.step_time_s
+    assert slow.critical_replica == 5

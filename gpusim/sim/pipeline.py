@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import simpy
 
 from gpusim.cost.kernels import copy_cost
-from gpusim.errors import InvalidConfig
+from gpusim.errors import InvalidConfig, SimulationStalled
 from gpusim.hardware.catalog import host_link
 from gpusim.plan.parallel import (
     DDP_BUCKET_BYTES,
@@ -335,9 +335,10 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
         return nth
 
     def reduce(unit: Unit, collective: str, n_bytes: float, label: str, nth: int,
-               then: Then, group: str = "data") -> None:
+               then: Then, group: str = "data", input_at: float = 0.0) -> None:
         """A data-parallel collective on the unit's communication stream, ``then()`` when
-        it is done; it starts when every replica of the stage has reached it."""
+        it is done; it starts when every replica of the stage has reached it, and not before
+        ``input_at``, when its input is ready (it holds its place on the stream meanwhile)."""
         s = unit[1]
         seconds = collective_s(collective, group, n_bytes)
         if seconds == 0.0:
@@ -364,7 +365,13 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
             else:
                 after(seconds, end)
 
-        stream.submit(lambda: meet(("data", s, label, nth), replicas, begin))
+        def turn() -> None:
+            if input_at > env.now:
+                after(input_at - env.now, lambda: meet(("data", s, label, nth), replicas, begin))
+            else:
+                meet(("data", s, label, nth), replicas, begin)
+
+        stream.submit(turn)
 
     def reduced(unit: Unit, collective: str, n_bytes: float, label: str,
                 group: str = "data") -> simpy.Event:
@@ -414,17 +421,16 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     def gather(unit: Unit, params: float) -> simpy.Event:
         """ZeRO-3's all-gather of ``params`` weights; the event fires when they are here."""
         done = env.event()
-
-        def go() -> None:
-            label = "all_gather weights"
-            reduce(unit, "all_gather", params * gathered_bytes, label, issue(unit, label),
-                   done.succeed, "shard")
-
-        if job.offload == "params":
-            # FSDP CPU offload: the rank's fp32 shard comes up over PCIe before each gather
-            after(host_copy_s(params / par.shard_ranks * weight_bytes), go)
-        else:
-            go()
+        # FSDP CPU offload: the rank's fp32 shard comes up over PCIe before each gather. The
+        # gather is issued now, in program order, and waits on the stream for its copy:
+        # ordered by when copies finish, a slow rank's gathers and gradient buckets would
+        # reach the stream in another order than the others' and the collectives would
+        # never meet.
+        input_at = (env.now + host_copy_s(params / par.shard_ranks * weight_bytes)
+                    if job.offload == "params" else 0.0)
+        label = "all_gather weights"
+        reduce(unit, "all_gather", params * gathered_bytes, label, issue(unit, label),
+               done.succeed, "shard", input_at)
         return done
 
     def overlap_s(info: _Unit, start: float) -> float:
@@ -583,6 +589,12 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
     gc.disable()
     try:
         env.run(until=simpy.AllOf(env, procs))
+    except RuntimeError as exc:  # SimPy ran out of events with a rank still waiting
+        stuck = sorted(f"stage {u[1]} replica {u[0]}" for u in units if not stats[u].end)
+        raise SimulationStalled(
+            f"the simulated step stalled at {env.now:.6g} s with {', '.join(stuck[:4])}"
+            f"{' and more' if len(stuck) > 4 else ''} waiting on collectives the others "
+            f"never reached; this is a simulator defect, please report the command") from exc
     finally:
         if collecting:
             gc.enable()
