@@ -146,3 +146,22 @@ def test_adafactor_is_refused_where_megatron_steps(h100: GPUProfile) -> None:
     with pytest.raises(InvalidConfig, match="no Adafactor"):
         TrainingJob(zoo.get("gpt2"), h100, 8, "bf16", optimizer="adafactor",
                     master_weights=True)
+
+
+def test_the_loss_keeps_nothing_once_checkpointed_blocks_rerun(h100: GPUProfile) -> None:
+    """Under full recompute the first block re-runs after the loss's and the head's backward,
+    when autograd has freed what they kept (the logits): the re-run's peak holds the other
+    activations only. The loss's backward, before it, holds all of them."""
+    from gpusim.stack import apply_stack, load_stack
+
+    stack = load_stack("llm-foundry-2023")  # a fused loss: its backward buffers are small
+    job = TrainingJob(apply_stack(zoo.get("gpt2"), stack), h100, 8, "bf16",
+                      checkpointing="full", stack=stack)
+    plan = memory_plan(job)
+    assert plan.tail_kept > plan.recompute_working > 0
+    parts = plan._at_backward()
+    at_loss = plan.activations - plan.recompute_working + plan.loss_transient
+    at_rerun = plan.activations - plan.tail_kept + plan.transient
+    assert parts["activations"] + parts["transient"] == max(at_loss, at_rerun)
+    # the re-run no longer holds the logits the loss kept
+    assert at_rerun <= plan.activations + plan.transient - plan.tail_kept

@@ -84,15 +84,19 @@ class MemoryPlan:
     # hold the earlier microbatches' sums, and Megatron-LM's live in a persistent buffer.
     # Stepping in backward keeps about one layer's gradients alive throughout the pass.
     gradients_at_backward: bool = True
+    # What the layers after the body (final norm, head, loss) keep for backward: autograd
+    # has freed it by the time the first checkpointed block is re-run.
+    tail_kept: float = 0.0
 
     def _at_backward(self) -> dict[str, float]:
         """What is alive when the backward pass starts: every activation, the loss's
         gradients (or, later, a checkpointed block re-run), autocast's weight copies."""
         working = self.recompute_working
-        if self.loss_transient > working + self.transient:
-            activations, transient = self.activations - working, self.loss_transient
-        else:
-            activations, transient = self.activations, self.transient
+        # The loss's backward (the block to re-run not yet alive), or the first block's
+        # re-run (the loss's and the head's kept tensors freed by then), whichever holds more.
+        at_loss = (self.activations - working, self.loss_transient)
+        at_rerun = (self.activations - (self.tail_kept if working else 0.0), self.transient)
+        activations, transient = max(at_loss, at_rerun, key=sum)
         return {"weights": self.weights,
                 "gradients": self.gradients if self.gradients_at_backward else 0.0,
                 "optimizer_states": self.optimizer_states, "weight_copies": self.weight_copies,
@@ -267,6 +271,10 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
     loss_transient = max((_loss_transient(lay, job, precision[lay.name].numerics)
                           for lay in layers if isinstance(lay, CrossEntropy)), default=0.0)
     kept, working = split or activation_split(job)
+    tail_kept = 0.0
+    if working:
+        tail = {lay.name for lay in job.model.partition()[2]}
+        tail_kept = sum(v for name, v in activations_by_layer(job)[0].items() if name in tail)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
     # PyTorch's foreach Adam on a GPU computes sqrt(v) for every parameter at once before
     # its in-place update (torch/optim/adam.py, _multi_tensor_adam: exp_avg_sq_sqrt); the
@@ -327,6 +335,7 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
         allocator_reserve=ALLOCATOR_RESERVE.get(job.model.family, 0.0)
         if job.device.is_gpu else 0.0,
         optimizer_temporaries=temporaries,
+        tail_kept=tail_kept,
         gradients_at_backward=(job.grad_accum > 1 or job.master_weights
                                or stack.zero_grad == "zeros" or job.optimizer_in_backward),
     )
