@@ -246,7 +246,9 @@ def _adamw_cases(device: torch.device, quick: bool) -> Iterator[
         tuple[dict[str, Any], Callable[[int], Timing]]]:
     """One AdamW step by implementation, from a million to a quarter billion parameters,
     and PyTorch's default Adam over few and many small tensors (its fixed host cost)."""
-    sizes = [2**20, 2**24, 2**28] if device.type == "cuda" else [2**16, 2**20, 2**22]
+    # on a CPU up to states past its caches (2**25 parameters: 512 MiB of weight, gradient
+    # and moments), which a model's optimizer step streams from DRAM
+    sizes = [2**20, 2**24, 2**28] if device.type == "cuda" else [2**16, 2**20, 2**22, 2**25]
     for impl in micro_layers.ADAM_IMPLS:
         for params in sizes[:1] if quick else sizes:
             yield ({"id": f"adamw/{impl}/{params}", "kind": "optimizer", "impl": impl,
