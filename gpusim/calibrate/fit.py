@@ -393,7 +393,7 @@ def _fit_cache_regime(cal: dict[str, Any], params: list[tuple[Path_, str]],
         trial["memory"]["cache_mib"] = cache_mib
         trial["memory"]["cache_efficiency"] = (trial["memory"]["max_efficiency"]
                                                if cache_mib else None)
-        _fit_group(trial, params if cache_mib else params[:-1], cases, device)
+        _fit_group(trial, params, cases, device)  # (no regime: cache_efficiency moves nothing)
         error = _log_error(cases, device, Calibration.model_validate(trial))
         if best is None or error < best[0] - 1e-9:
             best = (error, trial)
@@ -502,10 +502,10 @@ def _group_fit(name: str, cases: list[dict[str, Any]], device: DeviceProfile,
                before: Calibration, fitted: dict[str, Any],
                params: dict[str, float]) -> GroupFit:
     """How a group's cases were predicted before its fit and after (``fitted``)."""
-    errs_before = _relative_errors(cases, device, before)
-    errs = _relative_errors(cases, device, Calibration.model_validate(fitted))
-    worst, worst_id = max(errs, key=lambda e: abs(e[0]))
     after = Calibration.model_validate(fitted)
+    errs_before = _relative_errors(cases, device, before)
+    errs = _relative_errors(cases, device, after)
+    worst, worst_id = max(errs, key=lambda e: abs(e[0]))
     return GroupFit(name, len(cases), params,
                     statistics.fmean(abs(e) for e, _ in errs_before),
                     statistics.fmean(abs(e) for e, _ in errs), worst_id, worst,

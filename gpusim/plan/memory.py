@@ -95,7 +95,7 @@ class MemoryPlan:
         # The loss's backward (the block to re-run not yet alive), or the first block's
         # re-run (the loss's and the head's kept tensors freed by then), whichever holds more.
         at_loss = (self.activations - working, self.loss_transient)
-        at_rerun = (self.activations - (self.tail_kept if working else 0.0), self.transient)
+        at_rerun = (self.activations - self.tail_kept, self.transient)
         activations, transient = max(at_loss, at_rerun, key=sum)
         return {"weights": self.weights,
                 "gradients": self.gradients if self.gradients_at_backward else 0.0,
@@ -161,9 +161,12 @@ def activation_split(job: TrainingJob) -> tuple[float, float]:
     (``gpusim.plan.recompute``). With activation offloading, what is kept is what stays on
     the device (gpusim.plan.activation_offload)."""
     kept, working = activations_by_layer(job)
-    if job.offload_activations:
-        return offload_split(job, kept)[1], working
-    return sum(kept.values()), working
+    return _on_device(job, kept), working
+
+
+def _on_device(job: TrainingJob, kept: dict[str, float]) -> float:
+    """Bytes of ``kept`` (what each layer keeps for backward) that stay on the device."""
+    return offload_split(job, kept)[1] if job.offload_activations else sum(kept.values())
 
 
 def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
@@ -270,11 +273,18 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
                     default=0.0)
     loss_transient = max((_loss_transient(lay, job, precision[lay.name].numerics)
                           for lay in layers if isinstance(lay, CrossEntropy)), default=0.0)
-    kept, working = split or activation_split(job)
+    by_layer: dict[str, float] | None = None
+    if split is None:
+        by_layer, working = activations_by_layer(job)
+        kept = _on_device(job, by_layer)
+    else:
+        kept, working = split
     tail_kept = 0.0
     if working:
+        if by_layer is None:
+            by_layer = activations_by_layer(job)[0]
         tail = {lay.name for lay in job.model.partition()[2]}
-        tail_kept = sum(v for name, v in activations_by_layer(job)[0].items() if name in tail)
+        tail_kept = sum(v for name, v in by_layer.items() if name in tail)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0
     # PyTorch's foreach Adam on a GPU computes sqrt(v) for every parameter at once before
     # its in-place update (torch/optim/adam.py, _multi_tensor_adam: exp_avg_sq_sqrt); the
@@ -284,16 +294,16 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
     foreach = (job.device.is_gpu and job.optimizer in ("adam", "adamw")
                and stack.optimizer == "foreach" and not job.master_weights)
     temporaries = trainable * (2.0 if job.pure_bf16 else 4.0) if foreach else 0.0
+    trained = [lay for lay in layers if lay.params and job.is_trainable(lay.name)]
+    largest = max((size for lay in trained for size in lay.tensor_sizes()), default=0)
     if job.optimizer == "adafactor":
         # Adafactor keeps a matrix's second moment factored (its row and column means) and
         # a vector's whole, in fp32 whatever the weights' type (transformers Adafactor.step
         # upcasts 16-bit gradients before it creates its state); and, a tensor at a time,
         # the squared gradient and the factors' outer product (a 16-bit weight's fp32 copy
         # too) are alive beside it.
-        trained = [lay for lay in layers if lay.params and job.is_trainable(lay.name)]
         states = DTYPE_BYTES["fp32"] * sum(size for lay in trained
                                            for size in lay.factored_sizes()) + master
-        largest = max((size for lay in trained for size in lay.tensor_sizes()), default=0)
         copies = 2 + (job.weight_bytes < DTYPE_BYTES["fp32"])
         temporaries = DTYPE_BYTES["fp32"] * largest * copies
     else:
@@ -309,12 +319,8 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
         # register_post_accumulate_grad_hook), one optimizer per parameter: about one
         # layer's gradients are alive at a time, and a foreach step's temporaries are one
         # tensor's.
-        trainable_layers = [lay for lay in layers if lay.params and job.is_trainable(lay.name)]
-        gradients = float(job.grad_bytes * max((lay.params for lay in trainable_layers),
-                                               default=0))
+        gradients = float(job.grad_bytes * max((lay.params for lay in trained), default=0))
         if foreach:
-            largest = max((size for lay in trainable_layers for size in lay.tensor_sizes()),
-                          default=0)
             temporaries = largest * (2.0 if job.pure_bf16 else 4.0)
     if job.offload != "none":  # the step, its states and master weights live on the host
         states = temporaries = 0.0
