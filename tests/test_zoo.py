@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpusim.errors import InvalidModel, UnknownModel
+from gpusim.estimate import estimate
 from gpusim.workload import zoo
+from gpusim.workload.model import Model
+from gpusim.workload.numerics import FP32
+from gpusim.workload.zoo.transformer import TRANSFORMERS, build_transformer
 
 # Published parameter counts: torchvision model docs; Devlin et al. 2019; Radford et al.
 # 2019 (Hugging Face configs); Brown et al. 2020; Meta Llama model cards.
@@ -146,3 +150,52 @@ def test_cross_entropy_moves_what_pytorchs_kernels_move(activation: str, forward
     assert sum(op.bytes for op in loss.backward_input(1, num)) == pytest.approx(e * backward,
                                                                              rel=1e-3)
     assert loss.saved_bytes(1, num) == e * 4
+
+
+def _bert(**update: object) -> Model:
+    cfg = TRANSFORMERS["bert-large"].model_copy(update=update)
+    return build_transformer(cfg, 128)
+
+
+def test_a_dense_masked_lm_head_runs_on_the_predicted_positions_only() -> None:
+    every, dense = _bert(), _bert(predicted_positions=20)
+    layers = {la.name: la for la in dense.layers}
+    assert layers["head.vocab"].rows == layers["head.transform"].rows == 20
+    assert layers["loss"].rows == 20
+    # The encoder and the parameters are the same; the head's work shrinks to 20/128.
+    assert dense.parameters == every.parameters
+    head = [sum(op.flops for la in m.layers if la.block == "head" for op in la.forward(1, FP32))
+            for m in (every, dense)]
+    assert head[1] == pytest.approx(head[0] * 20 / 128, rel=1e-3)
+    # The gather's backward writes the whole sequence's gradient (zeros, then the rows).
+    gather = layers["head.gather"]
+    assert gather.elements == 20 * 1024 and gather.bwd_writes * 20 == 128 + 20
+    # A sequence shorter than the predictions predicts every position, with no gather.
+    short = build_transformer(TRANSFORMERS["bert-large"].model_copy(
+        update={"predicted_positions": 80}), 64)
+    assert {la.name: la for la in short.layers}["head.vocab"].rows == 64
+    assert "head.gather" not in {la.name for la in short.layers}
+
+
+def test_a_dense_head_makes_pre_training_faster_by_the_heads_share() -> None:
+    every = estimate(_bert(), "a100-80gb", 64, precision="fp16").step.step_time_s
+    dense = estimate(_bert(predicted_positions=20), "a100-80gb", 64,
+                     precision="fp16").step.step_time_s
+    assert 0.8 * every < dense < 0.97 * every
+
+
+def test_a_span_head_predicts_a_start_and_an_end_over_the_positions() -> None:
+    squad = _bert(head="span")
+    head, loss = squad.layers[-2], squad.layers[-1]
+    assert (head.name, head.out_features) == ("head.span", 2)
+    assert (loss.classes, loss.rows) == (128, 2)
+    assert not any(la.name.startswith(("head.vocab", "head.transform")) for la in squad.layers)
+    # no masked-LM transform (h x h + h, norm 2h) nor decoder bias, a 2 x h + 2 span head
+    h, vocab = 1024, 30522
+    assert _bert().parameters - squad.parameters == (h * h + h) + 2 * h + vocab - (2 * h + 2)
+
+
+def test_head_settings_are_for_encoders_only() -> None:
+    with pytest.raises(ValueError, match="encoder"):
+        TRANSFORMERS["gpt2"].model_copy(update={"kind": "decoder"}).model_validate(
+            {**TRANSFORMERS["gpt2"].model_dump(), "head": "span"})

@@ -299,10 +299,6 @@ class Network(nn.Module):
 
 
 def trainable_parameters(network: Network) -> int:
-    """Parameters the network trains; tied (shared) layers are counted by the model once."""
-    total = 0
-    for layer, mod in zip(network.model.layers, network.mods, strict=True):
-        if isinstance(layer, Linear) and layer.shared:
-            continue
-        total += sum(p.numel() for p in mod.parameters())
-    return total
+    """Parameters the network trains, each tensor once (a tied head shares the token table's
+    weight; its bias is its own)."""
+    return sum(p.numel() for p in network.parameters())

@@ -793,8 +793,9 @@ def tied_embedding_params(job: ParallelJob, cache: dict[Any, Any] | None = None)
     _, _, tail = job.model.partition()
     tied = [la for la in tail if isinstance(la, Linear) and la.shared
             and job.whole.trains_weights(la)]
-    params = sum(shard_layer(replace(la, shared=False), job.parallel.tensor, False).params
-                 for la in tied)
+    t = job.parallel.tensor  # the weight copy only (a tied head's bias is its own)
+    params = sum(shard_layer(replace(la, shared=False), t, False).params
+                 - shard_layer(la, t, False).params for la in tied)
     if cache is not None:
         cache[key] = params
     return params

@@ -106,7 +106,9 @@ class Linear(Layer):
     out_features: int
     rows: int = 1
     bias: bool = True
-    shared: bool = False  # weights tied to another layer's (a GPT-2 head): computed, not counted
+    # Weights tied to another layer's (a GPT-2 head): computed, not counted. A bias stays
+    # its own (BERT's masked-LM decoder bias).
+    shared: bool = False
     tied_to: str = ""  # the layer whose weights a shared layer uses
     # The input is kept split over this many ranks and gathered again for the weight
     # gradient (Megatron-LM sequence parallelism keeps 1/t of a column-parallel input).
@@ -114,20 +116,15 @@ class Linear(Layer):
 
     @property
     def params(self) -> int:
-        if self.shared:
-            return 0
-        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+        return sum(self.tensor_sizes())
 
     def tensor_sizes(self) -> list[int]:
-        if self.shared:
-            return []
-        weight = [self.in_features * self.out_features]
+        weight = [] if self.shared else [self.in_features * self.out_features]
         return [*weight, self.out_features] if self.bias else weight
 
     def factored_sizes(self) -> list[int]:
-        if self.shared:
-            return []
-        weight = [self.in_features + self.out_features]  # (out, in): out rows, in columns
+        # (out, in): out rows, in columns
+        weight = [] if self.shared else [self.in_features + self.out_features]
         return [*weight, self.out_features] if self.bias else weight
 
     @property

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import (
     Conv2d,
+    Elementwise,
     Layer,
     Linear,
     TensorSplit,
@@ -88,6 +89,15 @@ class TransformerConfig(BaseModel):
     qk_rope_head_dim: int = Field(0, ge=0)
     v_head_dim: int = Field(0, ge=0)
     type_vocab: int = Field(0, ge=0, description="BERT token-type embeddings")
+    # Encoders: what the head predicts. "masked_lm" (pre-training) runs the head transform,
+    # the vocabulary projection and the loss on every position, or only on the first
+    # ``predicted_positions`` of each sequence when given: DeepLearningExamples' BERT
+    # gathers the masked tokens first (its default "dense sequence output"; as many as
+    # max_predictions_per_seq). "span" is question answering (BertForQuestionAnswering on
+    # SQuAD): a start and an end logit per position, each a softmax over the positions.
+    head: Literal["masked_lm", "span"] = "masked_lm"
+    predicted_positions: int = Field(0, ge=0, description="encoder masked-LM head: "
+                                     "positions per sequence it runs on (0: all)")
     description: str = ""
     source: str = ""
 
@@ -101,6 +111,9 @@ class TransformerConfig(BaseModel):
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.experts and self.top_k > self.experts:
             raise ValueError(f"top_k {self.top_k} is more than the {self.experts} experts")
+        if self.kind != "encoder" and (self.head != "masked_lm" or self.predicted_positions):
+            raise ValueError("head and predicted_positions describe an encoder's head "
+                             f"(kind: encoder), not a {self.kind}'s")
         return self
 
     @property
@@ -217,14 +230,43 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
                      description=cfg.description, source=cfg.source)
     if cfg.kind == "decoder":
         layers.append(_split(norm("final_norm", h, s, block="head"), "sequence"))
-    else:  # BERT's masked-LM head transform, over every position
-        layers += [Linear("head.transform", h, h, s, True, block="head"),
-                   gelu("head.act", s * h, block="head"),
-                   norm("head.norm", h, s, block="head")]
-    layers.append(Linear("head.vocab", h, cfg.vocab, s, bias=cfg.kind == "encoder",
+    elif cfg.head == "span":  # a start and an end logit per position, each over the positions
+        layers += [Linear("head.span", h, 2, s, True, block="head"),
+                   CrossEntropy("loss", s, 2, block="head")]
+        return _language_model(cfg, layers, s)
+    else:  # BERT's masked-LM head transform
+        layers += _masked_lm_rows(cfg, s, norm)
+    rows = _predicted_rows(cfg, s)
+    layers.append(Linear("head.vocab", h, cfg.vocab, rows, bias=cfg.kind == "encoder",
                          shared=cfg.tied_embeddings, block="head", tp="vocab",
                          tied_to="embed.tokens" if cfg.tied_embeddings else ""))
-    layers.append(CrossEntropy("loss", cfg.vocab, s, block="head", tp="vocab"))
+    layers.append(CrossEntropy("loss", cfg.vocab, rows, block="head", tp="vocab"))
+    return _language_model(cfg, layers, s)
+
+
+def _predicted_rows(cfg: TransformerConfig, s: int) -> int:
+    """Positions of each sequence the language-model head runs on (a sequence shorter than
+    ``predicted_positions`` has no more to predict)."""
+    return min(cfg.predicted_positions or s, s)
+
+
+def _masked_lm_rows(cfg: TransformerConfig, s: int, norm: Callable[..., Layer]) -> list[Layer]:
+    """The masked-LM head transform (dense, GELU, norm) over every position, or over the
+    ``predicted_positions`` an index_select gathers first. The gather's backward writes a
+    zero-filled gradient of the whole sequence output, then adds the gathered rows' into it."""
+    h = cfg.hidden
+    rows = _predicted_rows(cfg, s)
+    gather: list[Layer] = []
+    if rows < s:
+        gather = [Elementwise("head.gather", rows * h, bwd_reads=1, bwd_writes=(s + rows) / rows,
+                              saves=0, flops_per_element=0, block="head", op="gather")]
+    return [*gather,
+            Linear("head.transform", h, h, rows, True, block="head"),
+            gelu("head.act", rows * h, block="head"),
+            norm("head.norm", h, rows, block="head")]
+
+
+def _language_model(cfg: TransformerConfig, layers: list[Layer], s: int) -> Model:
     tokens = InputSpec(8 * s, 2e-6 * s / 1024, "pre-tokenized int64 ids read from memory")
     return Model(cfg.name, tuple(layers), tokens, "transformer", tokens_per_sample=s,
                  description=cfg.description, source=cfg.source)
