@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dev_cases import DEFAULT, GPUS, PRECISIONS, SYSTEMS
+from dev_cases import DEFAULT, GPUS, PRECISIONS, SYSTEMS, bert_batches, bert_model
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
@@ -97,13 +97,12 @@ def _predict(row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[float | N
     name = row["model"]["name"]
     if gpu is None or system is None:
         return None, f"no profile for {row['hardware']}"
-    if row["parallelism"].get("batch_per_gpu") is None:
-        return None, "batch per GPU not stated unambiguously"
-    if "squad" in row["id"]:
-        return None, "SQuAD fine-tuning head not in the zoo (pre-training head differs)"
     precision = PRECISIONS[row["parallelism"]["precision"]]
+    stated = bert_batches(row) if name == "BERT-large" else None
+    if stated is None and row["parallelism"].get("batch_per_gpu") is None:
+        return None, "batch per GPU not stated unambiguously"
     try:
-        micro = _batch(row)
+        micro = stated[0] if stated else _batch(row)
     except ValueError as exc:
         return None, str(exc)
     if name.startswith("ResNet-50"):
@@ -113,11 +112,28 @@ def _predict(row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[float | N
             model = replace_layers(model, lambda la: replace(la, channels_last=True)
                                    if isinstance(la, Conv2d) else la)
     elif name == "BERT-large":
-        model = resolve_model("bert-large", row["model"]["seq_len"])
-        per_gpu = _accumulated(row, rows) or micro
+        bert, why = bert_model(row)
+        if bert is None:
+            return None, why
+        model = bert
+        per_gpu = _accumulated(row, rows) or (stated[1] if stated else micro)
         post_accumulation = True
         if per_gpu % micro:
             return None, f"batch {micro} does not divide the accumulated {per_gpu} per GPU"
+    elif name == "Transformer-XL base (WT103)":
+        # run_wt103_base.sh train <GPUs> --config trainbench --local_batch_size <LBS>
+        # [--fp16] (README @729963dd4): DDP reducing gradient buckets during backward, no
+        # accumulation; --fp16 is apex amp O2: fp16 weights and gradients, fp32 master
+        # copies (what ``megatron`` selects). Throughput in tokens/s, as the table prints it.
+        txl = resolve_model("transformer-xl-base")
+        topology = Topology.build(load_system(system), n, load_gpu(gpu))
+        try:
+            job = ParallelJob(txl, topology, micro * n,
+                              ParallelConfig(data=n, microbatch_size=micro),
+                              precision, megatron=precision == "fp16")  # type: ignore[arg-type]
+            return simulate_parallel_step(job, trace=False).tokens_per_s, ""
+        except GpusimError as exc:
+            return None, f"infeasible: {exc}"
     else:
         return None, f"{name} is not in the zoo"
     topology = Topology.build(load_system(system), n, load_gpu(gpu))

@@ -17,6 +17,7 @@ from gpusim.errors import UnknownModel
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.dit import DITS, DiTConfig, build_dit
 from gpusim.workload.zoo.transformer import TRANSFORMERS, TransformerConfig, build_transformer
+from gpusim.workload.zoo.transformer_xl import TRANSFORMER_XLS, build_transformer_xl
 from gpusim.workload.zoo.vision import alexnet, mnist_cnn, mnist_mlp, resnet50, vgg16
 
 _VISION: dict[str, Callable[..., Model]] = {
@@ -30,6 +31,7 @@ _VISION: dict[str, Callable[..., Model]] = {
 # as llama3-8b, llama3-70b and llama2-7b built from their dimensions.)
 _ALIASES = {"resnet-50": "resnet50", "rn50": "resnet50", "vgg-16": "vgg16",
             "gpt2-small": "gpt2", "gpt-2": "gpt2", "gpt-3": "gpt3-175b", "gpt3": "gpt3-175b",
+            "txl-base": "transformer-xl-base", "txl-large": "transformer-xl-large",
             **{f"dit-{c.size.lower()}/{c.patch}": name for name, c in DITS.items()}}
 
 
@@ -40,19 +42,21 @@ def shipped_configs() -> dict[str, Path]:
     if not folder.is_dir():
         return {}
     return {p.stem: p for p in sorted(folder.glob("*.yaml"))
-            if p.stem not in _VISION and p.stem not in TRANSFORMERS and p.stem not in DITS}
+            if p.stem not in _VISION and p.stem not in TRANSFORMERS and p.stem not in DITS
+            and p.stem not in TRANSFORMER_XLS}
 
 
 def names() -> list[str]:
-    """Every zoo model name: vision, transformers, diffusion transformers, then the shipped
-    configs."""
-    return [*_VISION, *TRANSFORMERS, *DITS, *shipped_configs()]
+    """Every zoo model name: vision, transformers, Transformer-XL, diffusion transformers,
+    then the shipped configs."""
+    return [*_VISION, *TRANSFORMERS, *TRANSFORMER_XLS, *DITS, *shipped_configs()]
 
 
 def _resolve(name: str) -> str:
     key = name.lower().strip()
     key = _ALIASES.get(key, key)
-    if key in _VISION or key in TRANSFORMERS or key in DITS or key in shipped_configs():
+    if (key in _VISION or key in TRANSFORMERS or key in TRANSFORMER_XLS or key in DITS
+            or key in shipped_configs()):
         return key
     close = difflib.get_close_matches(key, names() + list(_ALIASES), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(_ALIASES.get(c, c) for c in close)}?" if close else ""
@@ -88,6 +92,11 @@ def get(name: str, seq_len: int | None = None, image_size: int | None = None) ->
             raise UnknownModel(f"{key} has a fixed input size; image_size applies to "
                                f"{_resizable()}")
         return _VISION[key](image_size)
+    if key in TRANSFORMER_XLS:  # seq_len: the segment (tgt_len); the memory stays
+        if image_size is not None:
+            raise UnknownModel(f"{key} takes no image size; image_size applies to "
+                               f"{_resizable()}")
+        return build_transformer_xl(TRANSFORMER_XLS[key], seq_len)
     if key in DITS:  # a sequence length does not apply: the tokens follow the image
         return build_dit(DITS[key], image_size)
     if key in TRANSFORMERS:
