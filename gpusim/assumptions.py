@@ -100,8 +100,15 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
         out.append("data-parallel gradients reduced in 25 MiB buckets during the last backward "
                    "pass" if p.overlap_grad_reduce else
                    "data-parallel gradients reduced in one buffer after the last backward pass")
-    tp_overlap = ("; the backward pass's input gather and gradient reduce-scatter hide behind "
-                  "their layer's GEMMs" if p.sequence_parallel else " (no overlap with compute)")
+    if not p.sequence_parallel:
+        tp_overlap = " (no overlap with compute)"
+    elif job.whole.framework.tensor_parallel == "dtensor":
+        tp_overlap = ("; column-parallel layers keep their gathered input for backward "
+                      "(PyTorch DTensor), whose gradient reduce-scatter hides behind the "
+                      "weight-gradient GEMM")
+    else:
+        tp_overlap = ("; the backward pass's input gather and gradient reduce-scatter hide "
+                      "behind their layer's GEMMs")
     out.append(f"tensor-parallel collectives on the critical path{tp_overlap}; collectives "
                "take the fastest NCCL algorithm for their size")
     if p.expert > 1:

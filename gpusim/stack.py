@@ -90,11 +90,21 @@ class Stack(BaseModel):
     # under torch.compile, whether the framework compiles its loss too (torchtune does;
     # torchtitan kept it eager): its kernels are then generated ones, launched from a graph
     compile_loss: bool = False
+    # how the framework splits layers over tensor-parallel ranks (gpusim.plan.tensor_parallel):
+    # megatron: Megatron-LM's layers, whose column-parallel linear keeps its sequence shard of
+    # the input under sequence parallelism and gathers it again in backward, with its
+    # vocabulary-parallel cross-entropy turning the kept softmax into the gradient in place;
+    # dtensor: PyTorch's parallel styles (torch.distributed.tensor.parallel), where the input
+    # is gathered once before the module and autograd keeps the gathered tensor for the
+    # weight gradient, with loss_parallel's cross-entropy. Cited in ``sources`` where set.
+    tensor_parallel: Literal["megatron", "dtensor"] = "megatron"
     sources: dict[str, str]
 
     @model_validator(mode="after")
     def _every_choice_has_a_source(self) -> Stack:
         missing = [c for c in CHOICES if c not in self.sources]
+        if self.tensor_parallel != "megatron" and "tensor_parallel" not in self.sources:
+            missing.append("tensor_parallel")
         if missing:
             raise ValueError(f"sources must cite where each choice comes from; missing "
                              f"{', '.join(missing)}")

@@ -176,6 +176,11 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
     precision = layer_precisions(job)
 
     fp8_input = job.framework.fp8_saved_input == "fp8"
+    # PyTorch's parallel styles gather a sequence-parallel input once, before the module,
+    # and autograd keeps the gathered tensor for the weight gradient: a column-parallel
+    # product keeps all ``input_shards`` of its input, where Megatron-LM keeps its own shard
+    # (Stack.tensor_parallel).
+    gathered = job.framework.tensor_parallel == "dtensor"
 
     def fp8_copy(lay: Layer) -> bool:
         """Whether a product keeps an fp8 copy of its input rather than the input itself."""
@@ -186,9 +191,12 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
         if isinstance(lay, (Linear, Conv2d)) and not job.trains_weights(lay):
             return 0.0  # a frozen product's input gradient needs its weight, not its input
         num = precision[lay.name].numerics
+        size = lay.saved_bytes(n, num)
+        if gathered and isinstance(lay, Linear):
+            size *= lay.input_shards
         if fp8_copy(lay):
-            return lay.saved_bytes(n, num) / num.act_bytes  # its fp8 copy, a byte each
-        return lay.saved_bytes(n, num)
+            return size / num.act_bytes  # its fp8 copy, a byte each
+        return size
 
     n = job.microbatch_size
     first = next((i for i, lay in enumerate(layers) if job.trains_weights(lay)), len(layers))
@@ -231,11 +239,19 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
 
 
 def _loss_transient(layer: CrossEntropy, job: TrainingJob, num: Numerics) -> float:
-    """The loss's backward buffers: PyTorch's two logits-sized gradients, or Megatron-LM's
-    vocab-parallel loss, which turns its kept fp32 softmax into the gradient in place
-    (megatron/core/tensor_parallel/cross_entropy.py, backward) and allocates only the
-    cast back to the logits' type."""
+    """The loss's backward buffers: PyTorch's two logits-sized gradients; under tensor
+    parallelism (gpusim runs the loss vocabulary-parallel where the job has
+    ``master_weights``), Megatron-LM's loss, which turns its kept fp32 softmax into the
+    gradient in place (megatron/core/tensor_parallel/cross_entropy.py, backward) and
+    allocates only the cast back to the logits' type, or PyTorch's loss_parallel (a stack
+    whose ``tensor_parallel`` is dtensor), whose fused backward
+    (torch/distributed/tensor/parallel/loss.py, _nll_loss_and_log_softmax_backward) fills
+    zeros_like(log-probabilities), then computes (that + exp(log-probabilities)) times the
+    loss gradient: three tensors of the logits shard, in the loss's type, alive at once
+    beside the kept log-probabilities, where PyTorch's own cross-entropy has two."""
     if job.master_weights and not layer.fused:
+        if job.framework.tensor_parallel == "dtensor":
+            return 1.5 * layer.transient_bytes(job.microbatch_size, num)
         n = job.microbatch_size
         cast = layer.upcast and num.act_bytes < DTYPE_BYTES["fp32"]
         return float(n * layer.rows * layer.classes * num.act_bytes) if cast else 0.0

@@ -244,11 +244,13 @@ def _pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
     tp: list[float] = []
     cp: list[float] = []
     ep: list[float] = []
+    # PyTorch's DTensor parallelism keeps a column layer's gathered input for backward
+    kept = job.whole.framework.tensor_parallel == "dtensor"
     for phase, name in passes:
         gathered = DTYPE_BYTES["fp8"] if name in fp8 else None  # recompute gathers again
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
                                                        p.sequence_parallel, p.tp_overlap,
-                                                       gathered):
+                                                       gathered, kept):
             seconds = collective_seconds(collective, tp_group, size)
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             if p.tp_overlap and beside:

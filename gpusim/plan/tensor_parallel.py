@@ -5,9 +5,20 @@ A forward all-reduce follows every row-parallel layer and the vocabulary-paralle
 a backward all-reduce follows every column-parallel layer's input gradient. With sequence
 parallelism each all-reduce becomes a reduce-scatter plus an all-gather, and the layers
 between them (norms, dropout, residual adds) run on 1/t of the tokens. A column-parallel
-layer then keeps only its sequence shard of the input, so its backward pass gathers the input
-again for the weight gradient, overlapped with the input-gradient GEMM, and reduce-scatters
-the input gradient overlapped with the weight-gradient GEMM (Korthikanti et al. 2022).
+layer then keeps only its sequence shard of the input (``Linear.input_shards``), so its
+backward pass gathers the input again for the weight gradient, overlapped with the
+input-gradient GEMM, and reduce-scatters the input gradient overlapped with the
+weight-gradient GEMM (Korthikanti et al. 2022; megatron/core/tensor_parallel/layers.py,
+LinearWithGradAccumulationAndAsyncCommunication saves the input shard and gathers it in
+backward).
+
+PyTorch's parallel styles (torch.distributed.tensor.parallel, a stack whose
+``tensor_parallel`` is dtensor) split the layers alike but gather a sequence-parallel input
+once, before the module (PrepareModuleInput, ColwiseParallel: Shard(1) redistributed to
+Replicate), and autograd keeps that gathered tensor for the weight gradient: the memory plan
+counts all ``input_shards`` of it (gpusim.plan.memory), and backward gathers nothing again,
+only reduce-scatters the input gradient (the redistribution's backward), after the layer's
+products (what ``tp_collectives`` issues when its caller passes ``kept_gathered``).
 """
 
 from __future__ import annotations
@@ -57,8 +68,8 @@ Overlap = Literal["fwd", "dgrad", "wgrad"] | None
 
 
 def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: bool,
-                   overlap: bool = False, input_bytes: float | None = None
-                   ) -> list[tuple[Collective, float, Overlap]]:
+                   overlap: bool = False, input_bytes: float | None = None,
+                   kept_gathered: bool = False) -> list[tuple[Collective, float, Overlap]]:
     """Tensor-parallel collectives a layer's pass issues for ``n`` samples with ``act``-byte
     activations: (collective, bytes of the full buffer as nccl-tests counts it, the layer's
     GEMM it runs beside, or None when it sits on the critical path). With ``overlap``
@@ -66,7 +77,11 @@ def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: 
     gathers before a linear layer's products and the reduce-scatters after them run in
     chunks beside those products too. ``input_bytes``: what a column-parallel layer's
     forward gathers per input element when it casts before gathering (fp8: torchao's
-    Float8ColwiseParallel, Transformer Engine's fp8 norm output); default ``act``."""
+    Float8ColwiseParallel, Transformer Engine's fp8 norm output); default ``act``.
+    ``kept_gathered``: the column-parallel layer kept its gathered input (PyTorch's parallel
+    styles, Stack.tensor_parallel dtensor), so its backward only reduce-scatters the input
+    gradient: the redistribution's backward, after the layer's autograd node has run both
+    products (beside the input-gradient product where async TP fuses the two)."""
     beside: Overlap = "fwd" if overlap and sp else None
     if tensor == 1:
         return []
@@ -94,6 +109,8 @@ def tp_collectives(layer: Layer, phase: str, n: int, act: int, tensor: int, sp: 
     if layer.tp in ("column", "vocab"):
         size = n * layer.rows * layer.in_features * act
         if phase == "backward":
+            if sp and kept_gathered:
+                return [("reduce_scatter", size, "dgrad" if beside else None)]
             if sp:
                 return [("all_gather", size, "dgrad"), ("reduce_scatter", size, "wgrad")]
             return [("all_reduce", size, None)]
