@@ -171,7 +171,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
         "tp": tp, "pp": pp, "cp": cp, "ep": ep, "microbatch_size": micro,
-        "optimizer": "adamw", "checkpointing": _recompute(t, flags),
+        "optimizer": "adamw", "checkpointing": _recompute(t, flags, str(case.get("framework", "")),
+                                    str(case["model"]["name"])),
         "stack": stack, "fp8_recipe": "tensorwise", "compile": compiled,
         "zero": 3 if int(p.get("dp_shard", 1)) > 1 else 1,
     }
@@ -211,7 +212,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     return kwargs, tuple(flags), ""
 
 
-def _recompute(t: dict[str, Any], flags: list[str]) -> str:
+def _recompute(t: dict[str, Any], flags: list[str], framework: str = "", model: str = "") -> str:
     """The recompute mode a case states; free text as its nearest mode, flagged."""
     text = str(t.get("activation_checkpointing", "none"))
     if text in RECOMPUTE:
@@ -222,6 +223,11 @@ def _recompute(t: dict[str, Any], flags: list[str]) -> str:
         return "none"
     if "activation_checkpointing: true" in low or "activation_checkpointing true" in low:
         flags.append("activation checkpointing predicted as full")
+        return "full"
+    if low == "not stated" and "torchtitan" in framework.lower() and "70B" in model:
+        # torchtitan's Llama 3 70B preset, train_configs/llama3_70b.toml @08e5379:
+        # [activation_checkpoint] mode = 'full'
+        flags.append("activation checkpointing not stated: full, as torchtitan's 70B preset")
         return "full"
     return "none"
 
