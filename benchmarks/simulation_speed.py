@@ -8,9 +8,10 @@ Targets on a 2-core machine: ResNet-50 under 50 ms, GPT-3 175B on one GPU under 
 per rank (issue 21). Per-rank work grows linearly with the ranks: simulating every rank of
 4096 GPUs (DP 32, batch 6144: four times the replicas, the same microbatches each) should
 take about four times as long as of 1024; the target printed is four times the 1024-GPU
-simulation measured just before. ``estimate()`` refuses per-rank runs of more than 50,000
-passes, so those two are planned once and simulated directly. Prints the median of several
-runs; it asserts nothing (machines are shared and noisy).
+simulation measured just before. Those two are planned once and simulated directly, so
+they time the simulation alone (``benchmarks/parallel_speed.py`` prints the scaling up to
+32,768 GPUs). Prints the median of several runs; it asserts nothing (machines are shared
+and noisy).
 
     python benchmarks/simulation_speed.py
 """

@@ -22,6 +22,7 @@ from gpusim.comm.topology import Topology
 from gpusim.estimate import build_job
 from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.sim.clock import Clock
 from gpusim.sim.pipeline import BREAKDOWN_KEYS, simulate_pipeline
 from gpusim.sim.ranks import Straggler
 from gpusim.sim.shared_link import SharedLink
@@ -156,26 +157,39 @@ def test_without_a_trace_nothing_is_recorded_and_nothing_else_changes() -> None:
         traced.step_time_s, traced.breakdown_s, traced.busy_fraction)
 
 
-def test_a_175b_step_on_1024_gpus_takes_a_fifth_of_the_events_it_did(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """GPT-3 175B on 1024 A100s (TP 8, PP 16, DP 8) scheduled about 107,000 SimPy events a
-    step with a process per transfer and collective; callbacks need about 22,000."""
-    job, _ = build_job("gpt3-175b", None, 1536, precision="bf16", system="dgx-a100",
-                       num_gpus=1024, tp=8, pp=16, dp=8, microbatch_size=1,
-                       checkpointing="selective")
-    plan = plan_parallel(job)  # type: ignore[arg-type]
+def _scheduled(monkeypatch: pytest.MonkeyPatch, plan: Any, **options: Any) -> tuple[Any, int]:
+    """The result and how many events the simulation scheduled (through its clock)."""
     scheduled = 0
-    schedule = simpy.Environment.schedule
+    schedule = Clock.schedule
 
-    def counted(self: simpy.Environment, *args: Any, **kwargs: Any) -> None:
+    def counted(self: Clock, *args: Any, **kwargs: Any) -> None:
         nonlocal scheduled
         scheduled += 1
         schedule(self, *args, **kwargs)
 
-    monkeypatch.setattr(simpy.Environment, "schedule", counted)
-    result = simulate_pipeline(plan, trace=False)
+    monkeypatch.setattr(Clock, "schedule", counted)
+    result = simulate_pipeline(plan, trace=False, **options)
+    monkeypatch.setattr(Clock, "schedule", schedule)
+    return result, scheduled
+
+
+def test_a_175b_step_on_1024_gpus_takes_a_fifth_of_the_events_it_did(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-3 175B on 1024 A100s (TP 8, PP 16, DP 8) scheduled about 107,000 SimPy events a
+    step with a process per transfer and collective; callbacks need 21,938, and 175,490 per
+    rank (the same events as before the per-rank simulation was made to scale: a change
+    that adds or drops one shows here)."""
+    job, _ = build_job("gpt3-175b", None, 1536, precision="bf16", system="dgx-a100",
+                       num_gpus=1024, tp=8, pp=16, dp=8, microbatch_size=1,
+                       checkpointing="selective")
+    plan = plan_parallel(job)  # type: ignore[arg-type]
+    result, scheduled = _scheduled(monkeypatch, plan)
     assert result.step_time_s == pytest.approx(20.62767687776129, rel=REL)
-    assert scheduled < 25_000
+    assert scheduled == 21_938
+    result, scheduled = _scheduled(monkeypatch, plan, per_rank=True)
+    assert (result.step_time_s, result.units, result.passes) == (
+        pytest.approx(20.62767687776129, rel=REL), 128, 49_152)
+    assert scheduled == 175_490
 
 
 def _ends(flows: list[tuple[float, float]]) -> list[float]:

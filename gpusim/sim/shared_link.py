@@ -4,7 +4,9 @@ alone, and the pair takes as long as running them back to back.
 
 Each transfer schedules one timeout for when it would finish at its current share; when a
 transfer starts or ends, the others count the work they moved so far and schedule anew
-(their old timeout, now stale, is ignored when it fires). No process runs per transfer."""
+(their old timeout, now stale, is ignored when it fires). No process runs per transfer, and
+a timeout is a slotted entry in SimPy's queue (``_Timer``) rather than a Timeout with a
+closure: every pipeline transfer of a per-rank simulation whose links are shared takes one."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
+from simpy.events import NORMAL
 
 _DONE = 1e-12  # seconds of work left that count as finished (floating-point slack)
 
@@ -31,7 +34,28 @@ class _Flow:
         self.on_done = on_done
 
 
+def _expire(timer: _Timer) -> None:
+    timer.link._expire(timer.flow, timer.due)
+
+
+_EXPIRE = (_expire,)
+
+
+class _Timer:
+    """When ``flow`` would end, as of its latest share (stale once its ``due`` moved on)."""
+
+    __slots__ = ("callbacks", "due", "flow", "link")
+    _ok = True  # read by simpy.Environment.step
+
+    def __init__(self, link: SharedLink, flow: _Flow, due: float, delay: float) -> None:
+        self.link, self.flow, self.due = link, flow, due
+        self.callbacks: tuple[Callable[[_Timer], None], ...] | None = _EXPIRE
+        link.env.schedule(self, NORMAL, delay)  # type: ignore[arg-type]
+
+
 class SharedLink:
+    __slots__ = ("_flows", "active", "env")
+
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
         self.active = 0
@@ -53,7 +77,7 @@ class SharedLink:
             self._flows.append(flow)
             self._schedule(flow)
         else:
-            self._finish(flow)
+            self._finish([flow])
 
     def _schedule(self, flow: _Flow) -> None:
         """Move at 1/active of the rate from now on: a fresh timeout for the new end."""
@@ -63,14 +87,14 @@ class SharedLink:
         due = now + delay
         if due != flow.due:  # else the live timeout already fires then
             flow.due = due
-            self.env.timeout(delay).callbacks.append(lambda _: self._expire(flow, due))
+            _Timer(self, flow, due, delay)
 
     def _expire(self, flow: _Flow, due: float) -> None:
         if flow.due == due:  # neither superseded nor finished since
             # Its own time ran out: done, whatever is left after rounding (late in a long
             # simulation one tick of the clock exceeds any fixed slack).
             self._flows.remove(flow)
-            self._finish(flow)
+            self._finish([flow])
 
     def _reshare(self) -> None:
         """The number of transfers changed: each other one counts the work it moved at its
@@ -89,9 +113,9 @@ class SharedLink:
         if finished:
             for flow in finished:
                 self._flows.remove(flow)
-            self._finish(*finished)
+            self._finish(finished)
 
-    def _finish(self, *flows: _Flow) -> None:
+    def _finish(self, flows: list[_Flow]) -> None:
         self.active -= len(flows)
         for flow in flows:
             flow.due = -math.inf
