@@ -150,10 +150,10 @@ def simulate_step(job: TrainingJob, calibration: Calibration | None = None) -> S
 
 
 # Passes --per-rank simulates in under a minute on a small machine; beyond, the request is
-# refused up front. Measured on two cores (2026-11-23): GPT-3 175B on 4,096 A100s, 196,608
-# passes over 512 units, 4.1-4.5 s; on 98,304 A100s, 393,216 passes over 12,288 units,
-# 106 s and 1.6 GB (time grows with the units as well as the passes).
-PER_RANK_PASSES = 200_000
+# refused up front. Measured on two cores (2026-11-23, the per-instant clock): GPT-3 175B on
+# 32,768 A100s, 1,572,864 passes over 4,096 units, 24 s and 0.7 GB; on 98,304 A100s,
+# 393,216 passes over 12,288 units, 33 s and 0.8 GB (time grows with the units as well).
+PER_RANK_PASSES = 1_600_000
 
 
 def simulate_parallel_step(job: ParallelJob, calibration: Calibration | None = None, *,
