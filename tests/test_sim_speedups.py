@@ -1,11 +1,11 @@
 """The simulator's speed-ups (issue 21) leave every result as it was.
 
 The figures below were recorded from the simulator before it was made faster (one SimPy
-process per transfer and collective): per-rank runs, stragglers, links shared by pipeline
-and data-parallel traffic, ZeRO-3 with hybrid sharding and offload, and gradients reduced
-after the backward pass. Each pins the step, busy fraction, critical unit, breakdown and
-trace (its records as a set: the order of records that end at the same instant on
-different tracks is not part of it).
+process per transfer and collective), and re-recorded where the model itself changed:
+per-rank runs, stragglers, links shared by pipeline and data-parallel traffic, ZeRO-3 with
+hybrid sharding and offload, and gradients reduced after the backward pass. Each pins the
+step, busy fraction, critical unit, breakdown and trace (its records as a set: the order of
+records that end at the same instant on different tracks is not part of it).
 """
 
 from __future__ import annotations
@@ -59,45 +59,48 @@ CASES: dict[str, tuple[int, int, dict[str, Any], dict[str, Any], dict[str, Any]]
 # tracks, names and categories, (sum of starts, sum of ends), breakdown terms above 0)
 EXPECTED: dict[str, tuple[float, float, tuple[int, int], int, str, tuple[float, float],
                           dict[str, float]]] = {
+    # re-recorded (2026-11-23) when gradient buckets came to wait on their layers' own
+    # gradients (ChunkPlan.grad_ready) instead of filling evenly through backward: the
+    # embedding's, last in backward, is reduced last; FSDP reduce-scatters a block at a time
     "pp2-dp32-shared-nic-per-rank": (
-        0.04367055915235298, 0.5293192503146279, (0, 0), 1536, "edbadfd93847fb3f",
-        (33.83315856480709, 36.241081860679785),
+        0.04491529771431436, 0.5067647799234657, (0, 0), 1344, "19754d241727e0ba",
+        (30.384272563208743, 32.77043024678224),
         {'forward': 0.0017584999867790718,
          'backward': 0.003554317308730133,
-         'pipeline_bubble': 0.011257277066354217,
-         'pipeline_comm': 0.009537689066666669,
-         'comm_slowdown': 0.0008848213920000027,
+         'pipeline_bubble': 0.010948179153648926,
+         'pipeline_comm': 0.009640195822222227,
+         'data_parallel_comm': 0.0018505851463111109,
+         'comm_slowdown': 0.00048556596479999974,
          'host_dispatch': 0.014426669021019828,
          'optimizer': 0.0022512853108030612}),
     "tp2-dp4-zero3-node-links-straggler": (
-        0.20567684833663186, 0.8634172763121168, (0, 2), 520, "453cd1228a3233b3",
-        (54.048685544731015, 54.90016386533297),
+        0.20693593697663176, 0.8599828911790615, (0, 2), 456, "9fbd9bbb9fea7798",
+        (48.00955586301954, 48.872256780557684),
         {'forward': 0.043413085619535226,
          'backward': 0.06472157056877698,
-         'tensor_parallel_comm': 0.00729996373333326,
+         'tensor_parallel_comm': 0.008713800533333241,
          'data_parallel_comm': 0.0001799936,
-         'comm_slowdown': 0.0030024562176000544,
+         'comm_slowdown': 0.0028477080575999582,
          'host_dispatch': 0.08642727616721797,
          'optimizer': 0.0006325024301684029}),
     "pp4-dp4-interleaved-slow-link": (
-        0.1272118228349244, 0.4168107069955217, (0, 1), 1116, "84787fa800fad61d",
-        (52.54518303812033, 53.651080552655664),
+        0.12747824167571992, 0.41588989152872996, (0, 1), 1088, "a58bdb4714253c6b",
+        (49.99383559500878, 51.098774906164515),
         {'forward': 0.0065652757216468054,
          'backward': 0.013677319828585914,
-         'pipeline_bubble': 0.050795056828259896,
-         'pipeline_comm': 0.031115935725102878,
-         'comm_slowdown': 0.0005476168153176461,
+         'pipeline_bubble': 0.04990731824503147,
+         'pipeline_comm': 0.03141598964444445,
+         'data_parallel_comm': 0.0012096439999999958,
+         'comm_slowdown': 0.0001920763200000036,
          'host_dispatch': 0.02280248535608938,
          'optimizer': 0.0017081325599218752}),
-    # trace times re-recorded (2026-11-23): an offloaded shard's gather holds its place on
-    # the stream from when it is issued, so buckets wait behind it; the step is unchanged
     "dp16-hybrid-zero3-offload": (
-        0.05934517775825048, 0.9756697258325139, (0, 0), 106, "a66715af7f23697e",
-        (2.845785537188797, 2.9212269613461155),
+        0.0600802064525431, 0.9531086714546297, (0, 0), 50, "6c6f8685dbdfcdb3",
+        (1.333503906898924, 1.4075902034960717),
         {'forward': 0.009931108247376806,
          'backward': 0.01968818915215282,
-         'data_parallel_comm': 0.0014438844453764383,
-         'comm_slowdown': 0.0031397226784000056,
+         'data_parallel_comm': 0.002817240699839874,
+         'comm_slowdown': 0.0025013951182291843,
          'host_dispatch': 0.010101415704727433,
          'optimizer': 0.01504085753021698}),
     "pp2-dp8-zero1-after-backward": (
@@ -111,14 +114,14 @@ EXPECTED: dict[str, tuple[float, float, tuple[int, int], int, str, tuple[float, 
          'host_dispatch': 0.01999870184346805,
          'optimizer': 0.00028141066385038266}),
     "tp2-pp2-dp2-gpipe-node-links": (
-        0.10555556789226211, 0.8012903844086482, (0, 0), 69, "b5c113f91cb1bc50",
-        (4.003817978857118, 4.176149217202846),
+        0.10589531212929915, 0.7987196021443339, (0, 0), 63, "4ab54d9f4f41f907",
+        (3.4576990171511355, 3.629978655496863),
         {'forward': 0.00810357721443735,
          'backward': 0.015785059456980718,
          'tensor_parallel_comm': 0.003546372266666679,
          'pipeline_bubble': 0.021750526393164153,
          'pipeline_comm': 0.0004705829333333314,
-         'data_parallel_comm': 0.00010576242962963278,
+         'data_parallel_comm': 0.0004455066666666646,
          'host_dispatch': 0.05465047588800837,
          'optimizer': 0.0011432113100418744}),
 }
@@ -176,20 +179,21 @@ def _scheduled(monkeypatch: pytest.MonkeyPatch, plan: Any, **options: Any) -> tu
 def test_a_175b_step_on_1024_gpus_takes_a_fifth_of_the_events_it_did(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT-3 175B on 1024 A100s (TP 8, PP 16, DP 8) scheduled about 107,000 SimPy events a
-    step with a process per transfer and collective; callbacks need 21,938, and 175,490 per
-    rank (the same events as before the per-rank simulation was made to scale: a change
-    that adds or drops one shows here)."""
+    step with a process per transfer and collective; callbacks needed 21,938, and 175,490
+    per rank (the same events as before the per-rank simulation was made to scale). With
+    gradient buckets filled layer by layer, fewer and fuller, 16,360 and 130,866: a change
+    that adds or drops one shows here."""
     job, _ = build_job("gpt3-175b", None, 1536, precision="bf16", system="dgx-a100",
                        num_gpus=1024, tp=8, pp=16, dp=8, microbatch_size=1,
                        checkpointing="selective")
     plan = plan_parallel(job)  # type: ignore[arg-type]
     result, scheduled = _scheduled(monkeypatch, plan)
-    assert result.step_time_s == pytest.approx(20.62767687776129, rel=REL)
-    assert scheduled == 21_938
+    assert result.step_time_s == pytest.approx(20.614152876959317, rel=REL)
+    assert scheduled == 16_360
     result, scheduled = _scheduled(monkeypatch, plan, per_rank=True)
     assert (result.step_time_s, result.units, result.passes) == (
-        pytest.approx(20.62767687776129, rel=REL), 128, 49_152)
-    assert scheduled == 175_490
+        pytest.approx(20.614152876959317, rel=REL), 128, 49_152)
+    assert scheduled == 130_866
 
 
 def _ends(flows: list[tuple[float, float]]) -> list[float]:

@@ -223,13 +223,14 @@ def test_tensor_and_data_parallel_traffic_share_a_gpus_switch_links_inside_a_nod
 
 
 def test_per_rank_beyond_a_minute_of_work_is_refused_up_front() -> None:
-    """--per-rank at 98,304 GPUs would simulate 393,216 passes (it ran past two minutes
-    and 1.5 GB before): refused before any work, with what to do instead."""
+    """--per-rank at 98,304 GPUs with 128 microbatches per replica would simulate 3,145,728
+    passes, twice the 1,572,864 that take 24 s over 4,096 units, over three times the units:
+    refused before any work, with what to do instead."""
     from gpusim.errors import InvalidConfig
     from gpusim.estimate import estimate
 
-    with pytest.raises(InvalidConfig, match=r"--per-rank would simulate 393,216 passes"):
-        estimate("gpt3-175b", None, 12288, precision="bf16", system="dgx-a100",
+    with pytest.raises(InvalidConfig, match=r"--per-rank would simulate 3,145,728 passes"):
+        estimate("gpt3-175b", None, 98304, precision="bf16", system="dgx-a100",
                  num_gpus=98304, tp=8, pp=16, microbatch_size=1, per_rank=True)
 
 

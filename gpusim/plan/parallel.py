@@ -109,6 +109,10 @@ class ChunkPlan:
     trainable_params: int  # on this rank, not frozen: what its gradients reduce
     largest_block_params: int  # what ZeRO-3 gathers at once
     model_flops: float  # forward and backward, recompute not counted
+    # When each trained layer's gradient is complete in a backward pass: (kernel seconds
+    # since the one before was complete, its trainable parameters on this rank, whether it
+    # is the first of its block), in the order they complete. Gradient buckets wait on these.
+    grad_ready: tuple[tuple[float, int, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,25 @@ def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[C
         out.append((op.layer, op.name.rsplit(".", 1)[-1], op.phase, kc.seconds,
                     active_seconds(kc), op.flops, op_host_extra(op, cal)))
     return out
+
+
+def grad_ready(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob
+               ) -> tuple[tuple[tuple[float, int, bool], ...], float]:
+    """When each trained layer's gradient is complete within a backward pass (see
+    ``ChunkPlan.grad_ready``), from the pass's ops in order; and the kernel seconds after
+    the last one."""
+    last = {op[0]: i for i, op in enumerate(ops)}
+    out = []
+    gap, block = 0.0, None
+    for i, op in enumerate(ops):
+        gap += op[3]
+        layer = layers.get(op[0])
+        if layer is not None and last[op[0]] == i:
+            params = job.trainable_params((layer,))
+            if params:
+                out.append((gap, params, (layer.block or layer.name) != block))
+                gap, block = 0.0, layer.block or layer.name
+    return tuple(out), gap
 
 
 @dataclass(frozen=True)
@@ -503,7 +526,8 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...
         blocks[la.block or la.name] = blocks.get(la.block or la.name, 0) + la.params
     return ChunkPlan(index, layers, forward, backward, _sent_bytes(job, layers, act), kept,
                      working, sum(la.params for la in layers), job.trainable_params(layers),
-                     max(blocks.values()), forward.flops + backward.flops)
+                     max(blocks.values()), forward.flops + backward.flops,
+                     grad_ready(bwd, by_name, job)[0])
 
 
 # A chunk of at least three identical blocks is assembled from a template of three of them
@@ -522,6 +546,9 @@ class _Part:
     kept: tuple[float, ...]  # activations it keeps for backward, entry by entry
     params: int
     trainable_params: int
+    # its gradients as ChunkPlan.grad_ready counts them, and the kernel seconds after them
+    grad_ready: tuple[tuple[float, int, bool], ...]
+    grad_rest: float
 
 
 @dataclass(frozen=True)
@@ -560,8 +587,8 @@ def _template(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
     fp8 = _fp8_layers(stage_job)
     groups = _pass_groups(job)
 
-    def parts(pass_ops: list[Costed], order: list[int]) -> list[PassTerms] | None:
-        """The pass's terms part by part, where its ops run part after part in ``order``."""
+    def runs_of(pass_ops: list[Costed], order: list[int]) -> list[list[Costed]] | None:
+        """The pass's ops part by part, where they run part after part in ``order``."""
         runs: list[list[Costed]] = [[] for _ in range(5)]
         at = 0
         for op in pass_ops:
@@ -570,11 +597,15 @@ def _template(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
                 return None  # not one of the parts, or one that already ran
             at = order.index(part)
             runs[part].append(op)
-        return [_pass_terms(run, by_name, job, cal, host_per_op, act, fp8, groups)
-                for run in runs]
+        return runs
 
-    forward = parts([op for op in ops if op[2] == "forward"], [0, 1, 2, 3, 4])
-    backward = parts([op for op in ops if op[2] != "forward"], [4, 3, 2, 1, 0])
+    def parts(runs: list[list[Costed]] | None) -> list[PassTerms] | None:
+        return None if runs is None else [
+            _pass_terms(run, by_name, job, cal, host_per_op, act, fp8, groups) for run in runs]
+
+    forward = parts(runs_of([op for op in ops if op[2] == "forward"], [0, 1, 2, 3, 4]))
+    backward_runs = runs_of([op for op in ops if op[2] != "forward"], [4, 3, 2, 1, 0])
+    backward = parts(backward_runs)
     entries, working = activations_by_layer(stage_job)
     block_part = {la.block: part_of[la.name] for la in t_layers if la.block}
     kept: list[list[float]] = [[] for _ in range(5)]
@@ -587,11 +618,13 @@ def _template(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
     if (forward is None or backward is None or -1 in order or order != sorted(order)
             or any(not isinstance(la.params, int) for la in t_layers)):
         return None
+    assert backward_runs is not None
     pieces = []
     for k in range(5):
         members = [la for la in t_layers if part_of[la.name] == k]
         pieces.append(_Part(forward[k], backward[k], tuple(kept[k]),
-                            sum(la.params for la in members), job.trainable_params(members)))
+                            sum(la.params for la in members), job.trainable_params(members),
+                            *grad_ready(backward_runs[k], by_name, job)))
     if pieces[2] != pieces[3]:
         return None
     blocks: dict[str, int] = {}
@@ -617,9 +650,19 @@ def _assembled(t: _Template, index: int, layers: tuple[Layer, ...], blocks: int,
     params = t.lead.params + t.first.params + rest * t.block.params + t.tail.params
     trainable = (t.lead.trainable_params + t.first.trainable_params
                  + rest * t.block.trainable_params + t.tail.trainable_params)
+    # the parts' gradients in the order backward runs them, each part's kernels after its
+    # last gradient added to the next part's first (parts hold different blocks)
+    ready: list[tuple[float, int, bool]] = []
+    carry = 0.0
+    for part in [t.tail] + [t.block] * rest + [t.first, t.lead]:
+        entries = list(part.grad_ready)
+        if entries and carry:
+            entries[0] = (carry + entries[0][0], *entries[0][1:])
+        ready += entries
+        carry = part.grad_rest if entries else carry + part.grad_rest
     return ChunkPlan(index, layers, forward, backward, _sent_bytes(job, layers, t.act_bytes),
                      kept, t.working_bytes, params, trainable, t.largest_block_params,
-                     forward.flops + backward.flops)
+                     forward.flops + backward.flops, tuple(ready))
 
 
 def _optimizer_costs(job: ParallelJob, layers: tuple[Layer, ...], cal: Calibration
@@ -668,7 +711,7 @@ def _placed_chunks(job: ParallelJob, cal: Calibration, host_per_op: float,
         c = cache[key]  # placed: its index and layers
         plans.append(ChunkPlan(index, layers, c.forward, c.backward, c.activation_bytes,
                                c.saved_bytes, c.working_bytes, c.params, c.trainable_params,
-                               c.largest_block_params, c.model_flops))
+                               c.largest_block_params, c.model_flops, c.grad_ready))
         keys.append(key)
     return tuple(plans), tuple(keys)
 

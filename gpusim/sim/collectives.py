@@ -48,6 +48,7 @@ class DataParallel:
         self.labels: dict[str, int] = {}
         self._buckets: dict[tuple[int, str], tuple[list[str], list[int], list[str],
                                                    list[int]]] = {}
+        self._bucket_plans: dict[int, list[tuple[float, float]]] = {}
 
     def label(self, label: str) -> int:
         """The label's number (its collectives' counters and gates are kept by it)."""
@@ -95,22 +96,54 @@ class DataParallel:
 
     def bucketed(self, unit: Unit, chunk: ChunkPlan, collective: str, start: float,
                  length: float) -> None:
-        """Gradient buckets become ready evenly through a backward pass of ``length``."""
+        """Gradient buckets of a backward pass of ``length`` from ``start``, each reduced once
+        its last gradient is complete (``ChunkPlan.grad_ready``)."""
         par = self.par
-        total = chunk.trainable_params * self.grad_bytes
-        if total == 0 or par.data == 1:
+        if chunk.trainable_params == 0 or par.data == 1:
             return
-        count = max(1, math.ceil(total / DDP_BUCKET_BYTES))
+        buckets = self._bucket_plan(chunk)
+        count = len(buckets)
         labels, numbers, shard_labels, shard_numbers = self._bucket_labels(count, collective)
         group = "shard" if par.zero >= 2 else "data"
-        for i in range(count):
-            self.overlapped(unit, collective, total / count, labels[i], numbers[i],
-                            start + length * (i + 1) / count, group)
+        for i, (at, n_bytes) in enumerate(buckets):
+            self.overlapped(unit, collective, n_bytes, labels[i], numbers[i],
+                            start + length * at, group)
         if par.shard_ranks < par.data:  # hybrid sharding: each shard all-reduced across groups
-            for i in range(count):
-                self.overlapped(unit, "all_reduce", total / count / par.shard_ranks,
-                                shard_labels[i], shard_numbers[i],
-                                start + length * (i + 1) / count, "replicate")
+            for i, (at, n_bytes) in enumerate(buckets):
+                self.overlapped(unit, "all_reduce", n_bytes / par.shard_ranks,
+                                shard_labels[i], shard_numbers[i], start + length * at,
+                                "replicate")
+
+    def _bucket_plan(self, chunk: ChunkPlan) -> list[tuple[float, float]]:
+        """(when in the pass, as a fraction of it, bytes) of each gradient bucket, in the
+        order they fill. FSDP (ZeRO-3) reduce-scatters a unit, a block, at a time;
+        otherwise gradients fill buckets of DDP_BUCKET_BYTES in the order they complete, as
+        PyTorch DDP's reducer and DeepSpeed's reduce buckets do, a tensor larger than a
+        bucket taking one of its own. Without a profile, buckets fill evenly."""
+        known = self._bucket_plans.get(id(chunk))
+        if known is not None:
+            return known
+        total = chunk.trainable_params * self.grad_bytes
+        ready = chunk.grad_ready
+        whole = math.fsum(gap for gap, _, _ in ready)
+        out: list[tuple[float, float]] = []
+        if whole <= 0.0:
+            count = max(1, math.ceil(total / DDP_BUCKET_BYTES))
+            out = [((i + 1) / count, total / count) for i in range(count)]
+        else:
+            at, fill, prev = 0.0, 0.0, 0.0
+            for gap, params, new_block in ready:
+                n_bytes = params * self.grad_bytes
+                full = fill > 0.0 and (new_block if self.par.zero >= 3
+                                       else fill + n_bytes > DDP_BUCKET_BYTES)
+                if full:
+                    out.append((prev, fill))
+                    fill = 0.0
+                at += gap
+                fill, prev = fill + n_bytes, min(1.0, at / whole)
+            out.append((1.0, fill))
+        self._bucket_plans[id(chunk)] = out
+        return out
 
     def _bucket_labels(self, count: int, collective: str
                        ) -> tuple[list[str], list[int], list[str], list[int]]:
