@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dev_cases import DEFAULT, GPUS, PRECISIONS, SYSTEMS, bert_batches, bert_model
+from dev_cases import (
+    DEFAULT,
+    GPUS,
+    PRECISIONS,
+    SYSTEMS,
+    TXL_STACK,
+    bert_batches,
+    bert_model,
+)
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
@@ -130,7 +138,8 @@ def _predict(row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[float | N
         try:
             job = ParallelJob(txl, topology, micro * n,
                               ParallelConfig(data=n, microbatch_size=micro),
-                              precision, megatron=precision == "fp16")  # type: ignore[arg-type]
+                              precision, megatron=precision == "fp16",  # type: ignore[arg-type]
+                              stack=TXL_STACK)
             return simulate_parallel_step(job, trace=False).tokens_per_s, ""
         except GpusimError as exc:
             return None, f"infeasible: {exc}"

@@ -21,6 +21,7 @@ from gpusim.errors import GpusimError
 from gpusim.estimate import build_job, estimate, simulate_step
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_gpu
+from gpusim.stack import load_stack
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TRANSFORMERS, build_transformer
 from gpusim.workload.zoo.transformer_xl import TRANSFORMER_XLS, build_transformer_xl
@@ -36,6 +37,11 @@ SQUAD_SEQ_LEN = 384  # DeepLearningExamples run_squad.sh default max_seq_length
 # --no_dense_sequence_output), at most max_predictions_per_seq per sequence
 # (scripts/run_pretraining.sh @729963dd4: 20 at length 128, 80 at 512).
 MAX_PREDICTIONS = {128: 20, 512: 80}
+# DeepLearningExamples' Transformer-XL steps its optimizer one tensor at a time: lamb.py
+# @729963dd4 JITLamb.step loops over group['params'] (a TorchScript update per tensor), and
+# train.py clips with torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer)), one norm
+# per tensor in the PyTorch of its container (20.06).
+TXL_STACK = load_stack("pytorch").model_copy(update={"optimizer": "per_tensor"})
 PHASE2_BINNED = ("phase 2 trains on sequences binned by length (scripts/run_pretraining.sh "
                  "@729963dd4 reads pretrain/phase2/bin_size_64: each batch is padded to its "
                  "bin, not to 512), and the mean length is not stated")
@@ -106,10 +112,12 @@ def _case(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         # README "Training performance benchmark" @729963dd4: run_wt103_base.sh train <GPUs>
         # --config trainbench --local_batch_size <LBS> [--fp16]: batch_chunk 1 (no
         # accumulation); --fp16 is apex amp O2 (train.py: --amp apex, --apex_amp_opt_level
-        # O2), fp16 weights with fp32 master copies. jitlamb is costed as Adam (two states).
-        # Samples are segments of tgt_len tokens; main() reports tokens/s.
+        # O2), fp16 weights with fp32 master copies. jitlamb is costed as Adam (two states),
+        # run tensor by tensor as TXL_STACK says. Samples are segments of tgt_len tokens;
+        # main() reports tokens/s.
         args.update(model=build_transformer_xl(TRANSFORMER_XLS["transformer-xl-base"]),
-                    batch_size=micro, fp16_weights=args["precision"] == "fp16")
+                    batch_size=micro, fp16_weights=args["precision"] == "fp16",
+                    stack=TXL_STACK)
     else:
         return None, f"{model} is not in the zoo"
     return args, ""

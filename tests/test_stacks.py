@@ -330,3 +330,32 @@ def test_a_fused_loss_keeps_the_16_bit_logits_and_writes_one_gradient() -> None:
     assert fused.transient_bytes(1, num) == logits * 2 == plain.transient_bytes(1, num) / 4
     moved = sum(op.bytes for op in fused.forward(1, num) + fused.backward_input(1, num))
     assert moved == pytest.approx(3 * logits * 2, rel=0.01)
+
+
+def test_a_per_tensor_optimizer_launches_a_kernel_per_tensor_and_pass() -> None:
+    """A stack whose optimizer loops over the tensors (Hugging Face's adamw_hf, NVIDIA's
+    JITLamb) runs each pass as one kernel per tensor on a GPU, where torch.optim's foreach
+    kernels take about a hundred tensors each; under apex O2's master weights the copies
+    stay multi-tensor and the clipping norm and the update run tensor by tensor."""
+    from dataclasses import replace
+
+    from gpusim.plan.lower import OPTIMIZER_PASSES, optimizer_ops, parameter_tensors
+
+    looped = load_stack("pytorch").model_copy(update={"optimizer": "per_tensor"})
+    job, _ = build_job("gpt2", "a100-80gb", 8, precision="fp16")
+    assert isinstance(job, TrainingJob)
+    tensors = len(parameter_tensors(job.model.layers, job.is_trainable))
+    passes = len(OPTIMIZER_PASSES["adam"]) + 1  # and GradScaler's unscale
+    foreach = optimizer_ops(job)
+    per_tensor = optimizer_ops(replace(job, stack=looped))
+    assert len(foreach) == passes * -(-tensors // 100)
+    assert len(per_tensor) == passes * tensors
+    assert sum(op.bytes for op in per_tensor) == pytest.approx(sum(op.bytes for op in foreach))
+    masters = replace(job, stack=looped, master_weights=True)
+    names = [op.name.split(".")[1] for op in optimizer_ops(masters)]
+    update = len(OPTIMIZER_PASSES["adam"]) + 1  # and the clipping norm
+    assert names.count("copy_main_params") < tensors
+    assert len(names) == update * tensors + 3 * -(-tensors // 100)
+    slower = estimate("gpt2", "a100-80gb", 8, precision="fp16", stack=looped)
+    assert slower.step.breakdown_s["optimizer"] > estimate(
+        "gpt2", "a100-80gb", 8, precision="fp16").step.breakdown_s["optimizer"]

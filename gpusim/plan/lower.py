@@ -81,11 +81,12 @@ _FUSED_UPDATE = {"adam": ("fused_adam", 4, 3), "adamw": ("fused_adam", 4, 3),
                  "adamw8bit": ("adam_8bit", 2.5, 1.5)}
 
 
-def _megatron_passes(job: TrainingJob) -> list[Pass]:
+def _megatron_passes(job: TrainingJob) -> tuple[list[Pass], Pass, list[Pass]]:
+    """The passes before the update, the fused update, the passes after it."""
     name, reads, writes = _FUSED_UPDATE[job.optimizer]
     scaled: list[Pass] = [("copy_main_grads", 0.5, 1, True), ("unscale_", 1, 1, False)]
-    return [*(scaled if job.precision == "fp16" else []), ("grad_norm", 1, 0, False),
-            (name, reads, writes, False), ("copy_main_params", 1, 0.5, False)]
+    return ([*(scaled if job.precision == "fp16" else []), ("grad_norm", 1, 0, False)],
+            (name, reads, writes, False), [("copy_main_params", 1, 0.5, False)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,26 +288,37 @@ def parameter_tensors(layers: Iterable[Layer], is_trainable: Callable[[str], boo
 
 def optimizer_ops(job: TrainingJob) -> list[Op]:
     """The optimizer step over the trainable tensors, pass by pass: on a GPU each pass is a
-    few foreach kernels over lists of tensors; on a CPU, one op per tensor (PyTorch's
-    single-tensor loop, its default for CPU tensors). With master weights, Megatron-LM's
-    optimizer and its fused kernels."""
+    few foreach kernels over lists of tensors; on a CPU, or where the stack's optimizer
+    loops over the tensors (``per_tensor``), one op per tensor. With master weights,
+    Megatron-LM's optimizer and its fused kernels; a per-tensor optimizer over the fp32
+    masters instead updates them tensor by tensor (apex amp O2 around a Python loop)."""
     sizes = parameter_tensors(job.model.layers, job.is_trainable)
     if not sizes:
         return []
+    per_tensor = job.framework.optimizer == "per_tensor"
+    gpu = job.device.is_gpu
     if job.master_weights and job.mixed_precision:
-        passes = _megatron_passes(job)
-    else:
-        passes = list(OPTIMIZER_PASSES[job.optimizer])
-        if job.precision == "fp16":
-            passes.insert(0, ("unscale_", 1, 1, False))  # GradScaler: unscale, check inf/nan
-    return pass_ops(passes, sizes, job.device.is_gpu, 2 if job.pure_bf16 else 4)
+        before, update, after = _megatron_passes(job)
+        if not per_tensor:
+            return pass_ops([*before, update, *after], sizes, gpu)
+        # the copies stay multi-tensor (apex's); the clipping norm (torch's clip_grad_norm_
+        # before its foreach version, PyTorch 2.0) and the update run tensor by tensor
+        copies = [p for p in before if p[0] != "grad_norm"]
+        looped = [p for p in before if p[0] == "grad_norm"] + OPTIMIZER_PASSES[job.optimizer]
+        return [*pass_ops(copies, sizes, gpu), *pass_ops(looped, sizes, gpu, per_tensor=True),
+                *pass_ops(after, sizes, gpu)]
+    passes = list(OPTIMIZER_PASSES[job.optimizer])
+    if job.precision == "fp16":
+        passes.insert(0, ("unscale_", 1, 1, False))  # GradScaler: unscale, check inf/nan
+    return pass_ops(passes, sizes, gpu, 2 if job.pure_bf16 else 4, per_tensor=per_tensor)
 
 
 def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool,
-             element_bytes: int = 4) -> list[Op]:
+             element_bytes: int = 4, per_tensor: bool = False) -> list[Op]:
     """The kernels of an optimizer's passes over parameter tensors of ``sizes``, whose
-    weights, gradients and states have ``element_bytes`` each (fp32 unless pure bf16)."""
-    if gpu:
+    weights, gradients and states have ``element_bytes`` each (fp32 unless pure bf16);
+    ``per_tensor``: one kernel per tensor on a GPU too."""
+    if gpu and not per_tensor:
         groups = math.ceil(len(sizes) / TENSORS_PER_OPTIMIZER_KERNEL)
         total = sum(sizes)
         chunks = [total / groups] * groups
