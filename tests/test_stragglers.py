@@ -145,7 +145,12 @@ def test_kernels_beside_a_collective_slow_down_by_the_fraction_given() -> None:
                    if e.category == "data_parallel_comm")
     assert 0.0 < extra <= 0.2 * reducing
     assert sum(slowed.breakdown_s.values()) == pytest.approx(slowed.step_time_s)
-    assert slowed.step_time_s > base.step_time_s
+    # The step ends with the embedding's gradient all-reduce, after the backward pass, on a
+    # stream still busy with the buckets before it: slower kernels take the place of some of
+    # that exposed reduction, and the step is no shorter.
+    assert slowed.step_time_s >= base.step_time_s
+    assert slowed.breakdown_s.get("data_parallel_comm", 0.0) < base.breakdown_s.get(
+        "data_parallel_comm", 0.0) or slowed.step_time_s > base.step_time_s
     with pytest.raises(InvalidConfig, match="fraction"):
         simulate_pipeline(p, trace=False, comm_slowdown=1.5)
 
