@@ -71,7 +71,9 @@ def bert_model(row: dict[str, Any]) -> tuple[Model | None, str]:
     """BERT-large as the row's DeepLearningExamples script trains it, or None and why not:
     SQuAD fine-tuning with its span head at length 384, pre-training with the masked-LM head
     on the masked positions only."""
-    cfg = TRANSFORMERS["bert-large"]
+    # modeling.py @729963dd4 BertSelfAttention.forward: attention_scores / math.sqrt(
+    # attention_head_size), then + attention_mask, before the softmax
+    cfg = TRANSFORMERS["bert-large"].model_copy(update={"scale_and_mask": True})
     if "squad" in row["id"]:
         return build_transformer(cfg.model_copy(update={"head": "span"}), SQUAD_SEQ_LEN), ""
     seq = int(row["model"]["seq_len"])

@@ -199,3 +199,21 @@ def test_head_settings_are_for_encoders_only() -> None:
     with pytest.raises(ValueError, match="encoder"):
         TRANSFORMERS["gpt2"].model_copy(update={"kind": "decoder"}).model_validate(
             {**TRANSFORMERS["gpt2"].model_dump(), "head": "span"})
+
+
+def test_hand_written_attention_scales_and_masks_its_scores_in_passes_of_their_own() -> None:
+    """BERT's attention as Hugging Face and NVIDIA wrote it divides the scores by
+    sqrt(head_dim) and adds the mask, each a pass over the seq x seq scores, and the
+    division's gradient is one more in backward."""
+    plain, written = _bert(), _bert(scale_and_mask=True)
+    core = {m: next(la for la in m.layers if la.name == "h.0.attn.core")
+            for m in (plain, written)}
+    scores = 16 * 128 * 128  # heads x seq x seq, one sample
+    fwd = {m: sum(op.bytes for op in core[m].forward(1, FP32)) for m in core}
+    bwd = {m: sum(op.bytes for op in core[m].backward_input(1, FP32)) for m in core}
+    assert fwd[written] - fwd[plain] == 2 * 2 * scores * 4  # read and write, twice, fp32
+    assert bwd[written] - bwd[plain] == 2 * scores * 4
+    fused = TRANSFORMERS["bert-large"].model_copy(
+        update={"scale_and_mask": True, "fused_attention": True})
+    assert not any(getattr(la, "scale_and_mask", False)
+                   for la in build_transformer(fused, 128).layers)

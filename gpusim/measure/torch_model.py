@@ -11,6 +11,7 @@ model lists no scaling kernel, and scaling does not change the time of the kerne
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,10 @@ class _Attention(nn.Module):
                                                  enable_gqa=kv != a.heads)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2))
+            if a.scale_and_mask:  # as hand-written BERT attention: two passes of their own
+                scores = scores / math.sqrt(a.head_dim)
+                mask = torch.zeros(n, 1, 1, a.seq, device=scores.device, dtype=scores.dtype)
+                scores = scores + mask  # a padding mask, broadcast over heads and queries
             probs = F.softmax(scores, dim=-1)
             if p:
                 probs = F.dropout(probs, p, training=True)

@@ -57,6 +57,12 @@ class Attention(Layer):
     # merged in fp32 and the gradients accumulated in fp32 (_SDPAMerger, convert_to_f32;
     # _templated_ring_attention_backward). 1: no context parallelism.
     cp_steps: int = 1
+    # Unfused attention written by hand (Hugging Face's and DeepLearningExamples' BERT): the
+    # scores divided by sqrt(head_dim) and the attention mask added, each its own pass over
+    # the seq x seq scores before the softmax; the division's gradient is a pass in backward
+    # (the addition's is the incoming gradient itself). False: PyTorch's math SDPA, which
+    # scales Q and K instead, with no mask.
+    scale_and_mask: bool = False
 
     @property
     def _kv(self) -> int:
@@ -141,6 +147,9 @@ class Attention(Layer):
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("qk",), num)
+            if self.scale_and_mask:
+                ops += [memory_op(f"{self.name}.{name}", scores, scores, num.act_bytes, 1)
+                        for name in ("scale", "mask_add")]
             ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
             if self.dropout:
                 ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
@@ -201,6 +210,9 @@ class Attention(Layer):
                                      num.act_bytes, mask_read=scores))
             ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores,
                                  num.act_bytes, 3))
+            if self.scale_and_mask:
+                ops.append(memory_op(f"{self.name}.scale_bwd", scores, scores, num.act_bytes,
+                                     1))
             ops += self._score_gemms(n, ("dq", "dk"), num)
         if self.fused and self.cp_steps > 1:
             ops += self._ring_backward(n, num)

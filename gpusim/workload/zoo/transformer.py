@@ -66,6 +66,9 @@ class TransformerConfig(BaseModel):
                                                    "differs from the other linears' (Qwen2)")
     dropout: bool = False
     fused_attention: bool = True
+    # unfused attention as Hugging Face and NVIDIA wrote BERT's: scores scaled and masked by
+    # their own kernels (Attention.scale_and_mask)
+    scale_and_mask: bool = False
     # Mixture of experts (gpusim.workload.moe): every block's MLP becomes ``experts`` expert
     # MLPs of ``moe_ffn`` each (default ffn_hidden), ``top_k`` per token, beside shared
     # experts of ``shared_ffn`` in all (0: none)
@@ -192,7 +195,8 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
             Linear(f"{b}.attn.qkv", h, (cfg.heads + 2 * kv) * hd, s,
                    cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, block=b, tp="column"),
             Attention(f"{b}.attn.core", cfg.heads, hd, s, kv, causal=cfg.kind == "decoder",
-                      fused=cfg.fused_attention, dropout=cfg.dropout, block=b, tp="sharded"),
+                      fused=cfg.fused_attention, dropout=cfg.dropout, block=b, tp="sharded",
+                      scale_and_mask=cfg.scale_and_mask and not cfg.fused_attention),
             Linear(f"{b}.attn.proj", cfg.heads * hd, h, s, cfg.bias, block=b, tp="row"),
         ]
         if cfg.sliding_window and not (cfg.global_every and (i + 1) % cfg.global_every == 0):
