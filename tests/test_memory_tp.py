@@ -276,3 +276,18 @@ def test_the_published_70b_fsdp_tp_case_comes_closer() -> None:
     measured = case.measured_gib * 2**30
     assert abs(new_plan.reserved_bytes - measured) < abs(old_plan.reserved_bytes - measured)
     assert new_plan.loss_transient > new_plan.transient + new_plan.recompute_working
+
+
+def test_a_checkpointed_block_keeps_the_sequence_shard_it_reads() -> None:
+    """Under sequence parallelism the embedding's output is reduce-scattered (Megatron-LM;
+    torchtitan's tok_embeddings has output_layouts=Shard(1)), so the first block's
+    checkpointed input is a sequence shard like every other block's: 32 blocks of
+    8192 x 4096 bf16 over TP 8 keep 256 MiB (the first one was counted whole, +56 MiB)."""
+    import gpusim
+    from gpusim.estimate import build_job
+
+    job, _ = build_job("llama3-8b", "h100-sxm", 8, precision="bf16", num_gpus=8, tp=8,
+                       microbatch_size=1, seq_len=8192, checkpointing="full",
+                       sequence_parallel=True)
+    kinds = gpusim.memory_report(job).activations_by_kind
+    assert kinds["checkpointed block input"] == 32 * 8192 * 4096 * 2 / 8

@@ -18,7 +18,7 @@ from gpusim.plan.autocast import casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.recompute import checkpointed_blocks, policy_kept_bytes
 from gpusim.workload.attention import Attention, CrossEntropy
-from gpusim.workload.layers import Conv2d, Layer, Linear
+from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES
 
@@ -230,12 +230,25 @@ def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
         else:
             if lay.block not in per_block:
                 per_block[lay.block] = 0.0
-                out[f"{lay.block}.input"] = float(n * previous_out * num.act_bytes)
+                entering = _input_elements(lay) or previous_out
+                out[f"{lay.block}.input"] = float(n * entering * num.act_bytes)
             per_block[lay.block] += own[lay.name]
             if mode == "per-op":
                 out[lay.name] = policy_kept_bytes(lay, n, num)
         previous_out = lay.out_elements
     return out, max(per_block.values(), default=0.0)
+
+
+def _input_elements(layer: Layer) -> int:
+    """Elements per sample of the input a block's first layer reads, where its shape says
+    it (0: take the layer before it): a norm's input, or a product's as it keeps it. Under
+    sequence parallelism that is the sequence shard the embedding's reduce-scatter leaves,
+    and on a later pipeline stage the activation it received."""
+    if isinstance(layer, Elementwise) and layer.op in ("layer_norm", "rms_norm"):
+        return layer.elements
+    if isinstance(layer, Linear):
+        return layer.rows * layer.in_features // layer.input_shards
+    return 0
 
 
 def _loss_transient(layer: CrossEntropy, job: TrainingJob, num: Numerics) -> float:
