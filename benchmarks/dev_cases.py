@@ -49,10 +49,9 @@ PHASE2_BINNED = ("phase 2 trains on sequences binned by length (scripts/run_pret
 
 def bert_batches(row: dict[str, Any]) -> tuple[int, int] | None:
     """(microbatch, accumulated batch) per GPU of a BERT row, or None when not stated as one
-    number. The
-    DGX-1 table prints only the accumulated batch ('4096 and 4096') and the accumulation
-    steps ('128 and 64', FP32 then FP16); run_pretraining.py @729963dd4 divides the one by
-    the other to get the microbatch."""
+    number. The DGX-1 table prints only the accumulated batch ('4096 and 4096') and the
+    accumulation steps ('128 and 64', FP32 then FP16); run_pretraining.py @729963dd4 divides
+    the one by the other to get the microbatch."""
     par = row["parallelism"]
     if par.get("batch_per_gpu") is not None:
         if not str(par["batch_per_gpu"]).isdigit():  # one per precision: the caller parses it
