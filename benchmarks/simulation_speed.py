@@ -1,15 +1,16 @@
-"""How fast the simulator runs: one ResNet-50 step, one GPT-3 175B step at layer granularity
-on an imaginary single GPU with memory enough to hold it, and one GPT-3 175B step on 1024
-A100s (TP 8, PP 16, DP 8, 1F1B, microbatch 1, batch 1536, selective recompute), with one
-unit per stage and per rank.
+"""How fast the simulator runs: one ResNet-50 estimate on an A100 through ``estimate()``, one
+ResNet-50 step, one GPT-3 175B step at layer granularity on an imaginary single GPU with
+memory enough to hold it, and one GPT-3 175B step on 1024 A100s (TP 8, PP 16, DP 8, 1F1B,
+microbatch 1, batch 1536, selective recompute), with one unit per stage and per rank.
 
-Targets on a 2-core machine: ResNet-50 under 50 ms, GPT-3 175B on one GPU under 0.5 s
-(issue 2); the 1024-GPU step under 0.15 s in-process through ``estimate()`` and under 1 s
-per rank (issue 21). Per-rank work grows linearly with the ranks: simulating every rank of
-4096 GPUs (DP 32, batch 6144: four times the replicas, the same microbatches each) should
-take about four times as long as of 1024; the target printed is four times the 1024-GPU
-simulation measured just before. Those two are planned once and simulated directly, so
-they time the simulation alone (``benchmarks/parallel_speed.py`` prints the scaling up to
+Targets on a 2-core machine: the ResNet-50 estimate (batch 256, bf16, one A100: planning and
+simulation, in-process) under 10 ms (issue 21); ResNet-50 under 50 ms, GPT-3 175B on one GPU
+under 0.5 s (issue 2); the 1024-GPU step under 0.15 s in-process through ``estimate()`` and
+under 1 s per rank (issue 21). Per-rank work grows linearly with the ranks: simulating every
+rank of 4096 GPUs (DP 32, batch 6144: four times the replicas, the same microbatches each)
+should take about four times as long as of 1024; the target printed is four times the
+1024-GPU simulation measured just before. Those two are planned once and simulated directly,
+so they time the simulation alone (``benchmarks/parallel_speed.py`` prints the scaling up to
 32,768 GPUs). Prints the median of several runs; it asserts nothing (machines are shared
 and noisy).
 
@@ -60,6 +61,8 @@ def main() -> None:
     resnet = zoo.get("resnet50")
     gpt3 = zoo.get("gpt3-175b")
     cases: list[Case] = [
+        ("resnet50, batch 256, bf16, A100, estimate()", 0.010,
+         lambda: estimate("resnet50", "a100-80gb", 256, precision="bf16"), 10),
         ("resnet50, batch 256, bf16, H100", 0.050,
          lambda: simulate_step(TrainingJob(resnet, h100, 256, "bf16")), 10),
         ("gpt3-175b, batch 1, bf16, one huge GPU", 0.5,
