@@ -141,23 +141,21 @@ def _input_cast(layer: Layer, job: TrainingJob, num: Numerics, backward: bool) -
     input's gradient back up to fp32)."""
     e = job.microbatch_size * input_elements(layer)
     fp32, low = DTYPE_BYTES["fp32"], num.act_bytes
-    op = memory_op(f"{layer.name}.cast_input{'_grad' if backward else ''}", e, e, fp32)
     moved = e * (fp32 + low)
-    return [replace(op, layer=layer.name, bytes=moved,
-                    alloc_bytes=e * (fp32 if backward else low))]
+    # memory_op's FLOPs (one an element written), with the bytes and allocation its own
+    return [Op(f"{layer.name}.cast_input{'_grad' if backward else ''}", "memory", 1.0 * e,
+               moved, "fp32", layer.name, alloc_bytes=e * (fp32 if backward else low))]
 
 
 def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
-                 phase: Phase) -> list[Op]:
+                 phase: Phase, weight_cast: bool) -> list[Op]:
     num = prec.numerics
     ops = _input_cast(layer, job, num, backward=False) if prec.casts_input else []
-    if casts_weight(layer, job):
-        # Read the fp32 weight, write its copy in the compute type.
-        ops.append(memory_op(f"{layer.name}.cast_weight", layer.params, 0, DTYPE_BYTES["fp32"],
-                             0))
-        ops[-1] = replace(ops[-1], layer=layer.name,
-                          bytes=layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes),
-                          alloc_bytes=layer.params * num.act_bytes)
+    if weight_cast:
+        # Read the fp32 weight, write its copy in the compute type (no FLOPs).
+        ops.append(Op(f"{layer.name}.cast_weight", "memory", 0,
+                      layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes), "fp32", layer.name,
+                      alloc_bytes=layer.params * num.act_bytes))
     ops += _dequantize(layer, job, num)
     if isinstance(layer, CrossEntropy) and job.master_weights and not layer.fused:
         ops += layer.vocab_parallel_forward(job.microbatch_size, num)
@@ -172,8 +170,9 @@ def _dequantize(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
     if not job.quantized(layer):
         return []
     packed = layer.params * job.frozen_bytes(layer)
-    op = memory_op(f"{layer.name}.dequantize", 0, layer.params, num.act_bytes, 2.0)
-    return [replace(op, bytes=packed + layer.params * num.act_bytes, layer=layer.name)]
+    op = memory_op(f"{layer.name}.dequantize", 0, layer.params, num.act_bytes, 2.0,
+                   layer=layer.name)
+    return [replace(op, bytes=packed + layer.params * num.act_bytes)]
 
 
 def _input_grad_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision) -> list[Op]:
@@ -184,10 +183,11 @@ def _input_grad_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision) -> lis
     return ops + (_input_cast(layer, job, num, backward=True) if prec.casts_input else [])
 
 
-def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics) -> list[Op]:
+def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics,
+                     weight_cast: bool) -> list[Op]:
     """The weight gradient, then (under autocast) its cast back to an fp32 gradient."""
     ops = layer.backward_weight(job.microbatch_size, num)
-    if casts_weight(layer, job):
+    if weight_cast:
         moved = layer.params * (num.act_bytes + DTYPE_BYTES["fp32"])
         ops.append(Op(f"{layer.name}.cast_grad", "memory", 0.0, moved, "fp32", layer.name,
                       alloc_bytes=layer.params * DTYPE_BYTES["fp32"]))
@@ -225,16 +225,24 @@ def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
     return steps
 
 
-def lower_step(layer: Layer, kind: StepKind, job: TrainingJob, prec: LayerPrecision
-               ) -> list[Op]:
-    """The kernels of one layer step (see microbatch_steps)."""
+def lower_step(layer: Layer, kind: StepKind, job: TrainingJob, prec: LayerPrecision,
+               traits: tuple[bool, bool] | None = None) -> list[Op]:
+    """The kernels of one layer step (see microbatch_steps). ``traits``: the layer's
+    _layer_traits, where the caller has them already."""
+    weight_cast, compiled = _layer_traits(layer, job) if traits is None else traits
     if kind in ("forward", "recompute"):
-        ops = _forward_ops(layer, job, prec, kind)
+        ops = _forward_ops(layer, job, prec, kind, weight_cast)
     elif kind == "input_grad":
         ops = [op.with_phase("backward") for op in _input_grad_ops(layer, job, prec)]
     else:
-        ops = [op.with_phase("backward") for op in _weight_grad_ops(layer, job, prec.numerics)]
-    return _as_compiled(ops) if runs_compiled(layer, job.framework) else ops
+        ops = [op.with_phase("backward")
+               for op in _weight_grad_ops(layer, job, prec.numerics, weight_cast)]
+    return _as_compiled(ops) if compiled else ops
+
+
+def _layer_traits(layer: Layer, job: TrainingJob) -> tuple[bool, bool]:
+    """Whether autocast casts the layer's weight, and whether it runs compiled."""
+    return casts_weight(layer, job), runs_compiled(layer, job.framework)
 
 
 # Kernels TorchInductor folds into the kernel that produces their input: autocast's cast of
@@ -257,9 +265,10 @@ def microbatch_ops(job: TrainingJob) -> list[Op]:
     optimizer stepping in backward, each layer's step right after its weight gradient)."""
     layers = job.model.layers
     precision = layer_precisions(job)
+    traits = [_layer_traits(layer, job) for layer in layers]
     ops = []
     for i, kind in microbatch_steps(job):
-        ops += lower_step(layers[i], kind, job, precision[layers[i].name])
+        ops += lower_step(layers[i], kind, job, precision[layers[i].name], traits[i])
         if kind == "weight_grad" and job.optimizer_in_backward:
             ops += step_in_backward_ops(job, layers[i])
     return ops
@@ -274,9 +283,9 @@ def step_in_backward_ops(job: TrainingJob, layer: Layer) -> list[Op]:
     if not (layer.params and job.is_trainable(layer.name)):
         return []
     passes = list(OPTIMIZER_PASSES[job.optimizer])
-    ops = [op for size in layer.tensor_sizes()
-           for op in pass_ops(passes, [size], job.device.is_gpu, 2 if job.pure_bf16 else 4)]
-    return [replace(op, name=f"{layer.name}.{op.name}") for op in ops]
+    return [op for size in layer.tensor_sizes()
+            for op in pass_ops(passes, [size], job.device.is_gpu, 2 if job.pure_bf16 else 4,
+                               prefix=f"{layer.name}.")]
 
 
 def parameter_tensors(layers: Iterable[Layer], is_trainable: Callable[[str], bool]
@@ -314,10 +323,11 @@ def optimizer_ops(job: TrainingJob) -> list[Op]:
 
 
 def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool,
-             element_bytes: int = 4, per_tensor: bool = False) -> list[Op]:
+             element_bytes: int = 4, per_tensor: bool = False, prefix: str = "") -> list[Op]:
     """The kernels of an optimizer's passes over parameter tensors of ``sizes``, whose
     weights, gradients and states have ``element_bytes`` each (fp32 unless pure bf16);
-    ``per_tensor``: one kernel per tensor on a GPU too."""
+    ``per_tensor``: one kernel per tensor on a GPU too; ``prefix`` starts each kernel's
+    name."""
     if gpu and not per_tensor:
         groups = math.ceil(len(sizes) / TENSORS_PER_OPTIMIZER_KERNEL)
         total = sum(sizes)
@@ -329,9 +339,9 @@ def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool,
         for i, elements in enumerate(chunks):
             if name == "step":
                 elements, reads, writes = 1.0, 1.0, 1.0
-            op = memory_op(f"optimizer.{name}.{i}", reads * elements, writes * elements,
-                           element_bytes, allocates=allocates)
-            ops.append(replace(op, layer="optimizer", phase="optimizer"))
+            ops.append(memory_op(f"{prefix}optimizer.{name}.{i}", reads * elements,
+                                 writes * elements, element_bytes, allocates=allocates,
+                                 layer="optimizer", phase="optimizer"))
     return ops
 
 
@@ -341,10 +351,28 @@ def _host_link(job: TrainingJob) -> LinkProfile | None:
     return host_link(job.device)
 
 
-def _to_kernel(op: Op, job: TrainingJob, cal: Calibration, host_s: float) -> Kernel:
-    cost = kernel_cost(op, job.device, cal)
-    return Kernel(op.name, op.layer, op.phase, cost.seconds, host_s + op_host_extra(op, cal),
-                  op.flops, op.bytes, cost.bound, active_seconds(cost))
+CostKey = tuple[object, ...]
+
+
+def _device_costs(job: TrainingJob, cal: Calibration
+                  ) -> Callable[[Op], tuple[float, str, float]]:
+    """``op``'s (device seconds, bound, active seconds) on the job's device, each distinct op
+    costed once: kernel_cost reads no op's name, layer or phase, so the same kernel in
+    another layer (a model's repeated blocks) or pass (recompute) costs the same. The
+    memo lives as long as the function, one lowering."""
+    device = job.device
+    memo: dict[CostKey, tuple[float, str, float]] = {}
+
+    def cost(op: Op) -> tuple[float, str, float]:
+        key = (op.kind, op.flops, op.bytes, op.math, op.gemm, op.alloc_bytes, op.family,
+               op.parallel_units, op.kernel, op.attention)
+        found = memo.get(key)
+        if found is None:
+            c = kernel_cost(op, device, cal)
+            found = memo[key] = (c.seconds, c.bound, active_seconds(c))
+        return found
+
+    return cost
 
 
 def layer_kind(layer: Layer) -> str:
@@ -356,39 +384,6 @@ def layer_kind(layer: Layer) -> str:
         return "attention" if layer.fused else "attention_unfused"
     return {Linear: "linear", Conv2d: "conv", Embedding: "embedding",
             CrossEntropy: "cross_entropy"}.get(type(layer), type(layer).__name__.lower())
-
-
-def _python_overheads(kernels: list[Kernel], cal: Calibration, kinds: dict[str, str],
-                      compiled: set[str] | frozenset[str] = frozenset()
-                      ) -> tuple[Kernel, ...]:
-    """Host time outside any op: calling each layer's module in forward (and its ops that
-    launch nothing), its autograd nodes in backward (neither for the ``compiled`` layers), and
-    entering the autograd engine once per backward pass (each charged to the layer's or
-    pass's first kernel)."""
-    seen: set[tuple[str, str]] = set()
-    out = []
-    backward_started = False
-    for k in kernels:
-        extra = 0.0
-        if (k.phase in ("forward", "recompute", "backward") and (k.phase, k.layer) not in seen
-                and k.layer not in compiled):
-            seen.add((k.phase, k.layer))
-            extra += cal.overhead.layer_call_us(kinds.get(k.layer, ""), k.phase)
-        if k.phase == "backward" and not backward_started:
-            backward_started = True
-            extra += cal.overhead.backward_call_us
-        out.append(replace(k, host_s=k.host_s + units.us(extra)) if extra else k)
-    return tuple(out)
-
-
-def _steps_on_host(job: TrainingJob, kernels: tuple[Kernel, ...], cal: Calibration,
-                   host_s: float) -> tuple[Kernel, ...]:
-    """The optimizer kernels inside backward at an optimizer's host cost: each parameter's
-    own step() in Python (a fixed cost and one tensor's), spread over that step's kernels."""
-    per_tensor = len(OPTIMIZER_PASSES[job.optimizer])
-    each = optimizer_host_s(1, cal) / per_tensor
-    return tuple(replace(k, host_s=host_s + each)
-                 if k.phase == "optimizer" else k for k in kernels)
 
 
 def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
@@ -403,14 +398,42 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     launch_s = units.us(cal.overhead.launch_us)
     ops = microbatch_ops(job)
     kinds = {layer.name: layer_kind(layer) for layer in job.model.layers}
-    micro = _python_overheads(
-        [_to_kernel(op, job, cal, launch_s if op.layer in compiled else training_host_s)
-         for op in ops], cal, kinds, compiled)
+    cost = _device_costs(job, cal)
+    # Host time outside any op: calling each layer's module in forward (and its ops that
+    # launch nothing), its autograd nodes in backward (neither for the ``compiled`` layers),
+    # and entering the autograd engine once per backward pass (each charged to the layer's
+    # or pass's first kernel). The optimizer kernels inside backward take an optimizer's
+    # host cost instead: each parameter's own step() in Python (a fixed cost and one
+    # tensor's), spread over that step's kernels.
+    each_in_backward = 0.0
     if job.optimizer_in_backward:
-        micro = _steps_on_host(job, micro, cal, host_s)
+        each_in_backward = optimizer_host_s(1, cal) / len(OPTIMIZER_PASSES[job.optimizer])
+    seen: set[tuple[str, str]] = set()
+    backward_started = False
+    micro_kernels = []
+    for op in ops:
+        seconds, bound, active = cost(op)
+        phase, name = op.phase, op.layer
+        kernel_host_s = ((launch_s if name in compiled else training_host_s)
+                         + op_host_extra(op, cal))
+        extra = 0.0
+        if (phase in ("forward", "recompute", "backward") and (phase, name) not in seen
+                and name not in compiled):
+            seen.add((phase, name))
+            extra += cal.overhead.layer_call_us(kinds.get(name, ""), phase)
+        if phase == "backward" and not backward_started:
+            backward_started = True
+            extra += cal.overhead.backward_call_us
+        if extra:
+            kernel_host_s = kernel_host_s + units.us(extra)
+        if job.optimizer_in_backward and phase == "optimizer":
+            kernel_host_s = host_s + each_in_backward
+        micro_kernels.append(Kernel(op.name, name, phase, seconds, kernel_host_s, op.flops,
+                                    op.bytes, bound, active))
+    micro = tuple(micro_kernels)
     opt_ops = [] if job.optimizer_in_backward else optimizer_ops(job)
-    opt = tuple(_to_kernel(op, job, cal, host_s) for op in opt_ops)
-    if opt and job.offload != "none" and isinstance(job.device, GPUProfile):
+    opt: tuple[Kernel, ...] = ()
+    if opt_ops and job.offload != "none" and isinstance(job.device, GPUProfile):
         # The step runs on the host: gradients down, CPU Adam, weights up, in turn.
         trainable = sum(la.params for la in job.model.layers if job.is_trainable(la.name))
         seconds = offload_seconds(trainable, job.grad_bytes, job.numerics().act_bytes,
@@ -418,13 +441,24 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
         opt = (Kernel("optimizer.offloaded_step", "optimizer", "optimizer", seconds, host_s,
                       0.0, trainable * (job.grad_bytes + job.numerics().act_bytes), "pcie",
                       0.0),)
-    elif opt and not job.master_weights:
-        # torch.optim's step() in Python: a fixed cost, and per parameter tensor the list
-        # building and grouping its foreach kernels take, spread over its kernels (the
-        # Python runs between the launches, so the device works meanwhile).
-        tensors = len(parameter_tensors(job.model.layers, job.is_trainable))
-        each = optimizer_host_s(tensors, cal) / len(opt)
-        opt = tuple(replace(k, host_s=k.host_s + each) for k in opt)
+    elif opt_ops:
+        # torch.optim's step() in Python (not Megatron-LM's, with master weights): a fixed
+        # cost, and per parameter tensor the list building and grouping its foreach kernels
+        # take, spread over its kernels (the Python runs between the launches, so the
+        # device works meanwhile).
+        each = 0.0
+        if not job.master_weights:
+            tensors = len(parameter_tensors(job.model.layers, job.is_trainable))
+            each = optimizer_host_s(tensors, cal) / len(opt_ops)
+        opt_kernels = []
+        for op in opt_ops:
+            seconds, bound, active = cost(op)
+            kernel_host_s = host_s + op_host_extra(op, cal)
+            if not job.master_weights:
+                kernel_host_s = kernel_host_s + each
+            opt_kernels.append(Kernel(op.name, op.layer, op.phase, seconds, kernel_host_s,
+                                      op.flops, op.bytes, bound, active))
+        opt = tuple(opt_kernels)
     n = job.microbatch_size
     link = _host_link(job)
     copy_s = 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpusim import units
 from gpusim.plan.activation_offload import offload_split
-from gpusim.plan.autocast import casts_weight, layer_precisions
+from gpusim.plan.autocast import LayerPrecision, casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.recompute import checkpointed_blocks, policy_kept_bytes
 from gpusim.workload.attention import Attention, CrossEntropy
@@ -169,11 +169,15 @@ def _on_device(job: TrainingJob, kept: dict[str, float]) -> float:
     return offload_split(job, kept)[1] if job.offload_activations else sum(kept.values())
 
 
-def activations_by_layer(job: TrainingJob) -> tuple[dict[str, float], float]:
+def activations_by_layer(job: TrainingJob,
+                         precision: dict[str, LayerPrecision] | None = None
+                         ) -> tuple[dict[str, float], float]:
     """What each layer keeps for backward (a checkpointed block's input under the name
-    ``<block>.input``), and the bytes re-created for one block at a time."""
+    ``<block>.input``), and the bytes re-created for one block at a time. ``precision``:
+    the job's layer_precisions, where the caller has them already."""
     layers = job.model.layers
-    precision = layer_precisions(job)
+    if precision is None:
+        precision = layer_precisions(job)
 
     fp8_input = job.framework.fp8_saved_input == "fp8"
     # PyTorch's parallel styles gather a sequence-parallel input once, before the module,
@@ -304,14 +308,14 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
                           for lay in layers if isinstance(lay, CrossEntropy)), default=0.0)
     by_layer: dict[str, float] | None = None
     if split is None:
-        by_layer, working = activations_by_layer(job)
+        by_layer, working = activations_by_layer(job, precision)
         kept = _on_device(job, by_layer)
     else:
         kept, working = split
     tail_kept = 0.0
     if working:
         if by_layer is None:
-            by_layer = activations_by_layer(job)[0]
+            by_layer = activations_by_layer(job, precision)[0]
         tail = {lay.name for lay in job.model.partition()[2]}
         tail_kept = sum(v for name, v in by_layer.items() if name in tail)
     reserved = FRAMEWORK_RESERVED_BYTES if job.device.is_gpu else 0.0

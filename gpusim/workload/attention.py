@@ -110,20 +110,22 @@ class Attention(Layer):
         shapes = {"qk": GemmShape(s, s, d, b), "av": GemmShape(s, d, s, b),
                   "dv": GemmShape(s, d, s, b), "dp": GemmShape(s, s, d, b),
                   "dq": GemmShape(s, d, s, b), "dk": GemmShape(s, d, s, b)}
-        return [gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes)
+        return [gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes,
+                        layer=self.name)
                 for key in names]
 
     def _layout(self, name: str, elements: float, num: Numerics) -> Op:
         """A copy between the projections' (batch, seq, heads x dim) layout and the
         kernels' (batch, heads, seq, dim): the heads' output merged back in forward, its
         gradient split in backward."""
-        return memory_op(f"{self.name}.{name}", elements, elements, num.act_bytes, 0)
+        return memory_op(f"{self.name}.{name}", elements, elements, num.act_bytes, 0,
+                         layer=self.name)
 
     def _qkv_grad_pack(self, n: int, num: Numerics) -> Op:
         """dq, dk and dv concatenated into the packed QKV projection's gradient (the
         backward of splitting one projection's output into heads)."""
         e = n * self.seq * self.head_dim * (self.heads + 2 * self._groups)
-        return memory_op(f"{self.name}.dqkv_pack", e, e, num.act_bytes, 0)
+        return memory_op(f"{self.name}.dqkv_pack", e, e, num.act_bytes, 0, layer=self.name)
 
     def _repeat_kv(self, n: int, num: Numerics, backward: bool) -> list[Op]:
         """K and V copied out to every head (forward), and the copies' gradients summed
@@ -133,8 +135,10 @@ class Attention(Layer):
         grouped = 2 * n * self.seq * self.head_dim * self._groups
         full = 2 * n * self.seq * self.head_dim * self.heads
         if backward:
-            return [memory_op(f"{self.name}.repeat_kv_grad", full, grouped, num.act_bytes, 1)]
-        return [memory_op(f"{self.name}.repeat_kv", grouped, full, num.act_bytes, 0)]
+            return [memory_op(f"{self.name}.repeat_kv_grad", full, grouped, num.act_bytes, 1,
+                              layer=self.name)]
+        return [memory_op(f"{self.name}.repeat_kv", grouped, full, num.act_bytes, 0,
+                          layer=self.name)]
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         out = n * self.out_elements
@@ -143,17 +147,19 @@ class Attention(Layer):
             ops += [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
                       self._qkvo_elements(n) * num.act_bytes, num.matmul,
                       alloc_bytes=out * num.act_bytes, kernel=self.kernel,
-                      attention=self._shape(n))]
+                      attention=self._shape(n), layer=self.name)]
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("qk",), num)
             if self.scale_and_mask:
-                ops += [memory_op(f"{self.name}.{name}", scores, scores, num.act_bytes, 1)
+                ops += [memory_op(f"{self.name}.{name}", scores, scores, num.act_bytes, 1,
+                                  layer=self.name)
                         for name in ("scale", "mask_add")]
-            ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5))
+            ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5,
+                                 layer=self.name))
             if self.dropout:
                 ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
-                                     mask_written=scores))
+                                     mask_written=scores, layer=self.name))
             ops += self._score_gemms(n, ("av",), num)
         if self.fused and self.cp_steps > 1:
             ops += self._ring_forward(n, num)
@@ -177,8 +183,9 @@ class Attention(Layer):
         pack = (c - 1) * kv * act
         merge_read = c * q * act + (c - 1) * q * 5 * f32 + q * f32
         merge_written = c * q * f32 + (c - 1) * q * 3 * f32 + q * act
-        return [memory_op(f"{self.name}.ring_kv_pack", pack, pack, 1, 0),
-                memory_op(f"{self.name}.ring_merge", merge_read, merge_written, 1, 0)]
+        return [memory_op(f"{self.name}.ring_kv_pack", pack, pack, 1, 0, layer=self.name),
+                memory_op(f"{self.name}.ring_merge", merge_read, merge_written, 1, 0,
+                          layer=self.name)]
 
     def _ring_backward(self, n: int, num: Numerics) -> list[Op]:
         """The ring's backward beyond its kernels, as bytes: fp32 gradient buffers zeroed;
@@ -191,7 +198,8 @@ class Attention(Layer):
                 + (c - 1) * kv * act + (q + kv) * f32)
         written = ((q + kv) * f32 + c * q * f32 + c * kv * f32 + c * kv * f32
                    + (c - 1) * kv * act + (q + kv) * act)
-        return [memory_op(f"{self.name}.ring_grad_accumulate", read, written, 1, 0)]
+        return [memory_op(f"{self.name}.ring_grad_accumulate", read, written, 1, 0,
+                          layer=self.name)]
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         ops = [self._layout("split_heads_grad", n * self.out_elements, num)] \
@@ -201,18 +209,18 @@ class Attention(Layer):
             grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
             ops.append(Op(f"{self.name}.flash_bwd", "attention", 2.5 * self._fused_flops(n),
                           moved, num.matmul, alloc_bytes=grads, family="attention_backward",
-                          kernel=self.kernel, attention=self._shape(n)))
+                          kernel=self.kernel, attention=self._shape(n), layer=self.name))
         else:
             scores = n * self.heads * self.seq**2
             ops += self._score_gemms(n, ("dv", "dp"), num)
             if self.dropout:
                 ops.append(memory_op(f"{self.name}.dropout_bwd", scores, scores,
-                                     num.act_bytes, mask_read=scores))
+                                     num.act_bytes, mask_read=scores, layer=self.name))
             ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores,
-                                 num.act_bytes, 3))
+                                 num.act_bytes, 3, layer=self.name))
             if self.scale_and_mask:
                 ops.append(memory_op(f"{self.name}.scale_bwd", scores, scores, num.act_bytes,
-                                     1))
+                                     1, layer=self.name))
             ops += self._score_gemms(n, ("dq", "dk"), num)
         if self.fused and self.cp_steps > 1:
             ops += self._ring_backward(n, num)
@@ -274,7 +282,8 @@ class Embedding(Layer):
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         e = n * self.rows * self.dim
-        return self._tag([memory_op(f"{self.name}.gather", e, e, num.act_bytes, 0)])
+        return self._tag([memory_op(f"{self.name}.gather", e, e, num.act_bytes, 0,
+                                    layer=self.name)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         return []  # indices have no gradient
@@ -283,8 +292,9 @@ class Embedding(Layer):
         e = n * self.rows * self.dim
         table = self.num_embeddings * self.dim
         return self._tag([
-            memory_op(f"{self.name}.zero_grad_table", 0, table, DTYPE_BYTES["fp32"], 0),
-            memory_op(f"{self.name}.scatter_add", 2 * e, e, DTYPE_BYTES["fp32"]),
+            memory_op(f"{self.name}.zero_grad_table", 0, table, DTYPE_BYTES["fp32"], 0,
+                      layer=self.name),
+            memory_op(f"{self.name}.scatter_add", 2 * e, e, DTYPE_BYTES["fp32"], layer=self.name),
         ])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
@@ -332,7 +342,7 @@ class CrossEntropy(Layer):
         if num.act_bytes == f32 or not self.upcast:
             return []
         return [Op(f"{self.name}.cast", "memory", 0.0, e * (num.act_bytes + f32), "fp32",
-                   alloc_bytes=e * f32)]
+                   alloc_bytes=e * f32, layer=self.name)]
 
     def _cast_down(self, e: int, num: Numerics) -> list[Op]:
         """The fp32 gradient of the logits cast back to their type."""
@@ -340,7 +350,7 @@ class CrossEntropy(Layer):
         if num.act_bytes == f32 or not self.upcast:
             return []
         return [Op(f"{self.name}.cast_bwd", "memory", 0.0, e * (f32 + num.act_bytes), "fp32",
-                   alloc_bytes=e * num.act_bytes)]
+                   alloc_bytes=e * num.act_bytes, layer=self.name)]
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
@@ -348,21 +358,22 @@ class CrossEntropy(Layer):
         if self.fused:  # the loss and the log-sum-exp a row, both fp32
             return self._tag([Op(f"{self.name}.fused_xent", "memory", 5.0 * e,
                                  e * num.act_bytes + 2 * rows * DTYPE_BYTES["fp32"], "fp32",
-                                 alloc_bytes=2 * rows * DTYPE_BYTES["fp32"])])
+                                 alloc_bytes=2 * rows * DTYPE_BYTES["fp32"], layer=self.name)])
         f32 = self._type(num)
         return self._tag([*self._cast_up(e, num),
-                          memory_op(f"{self.name}.log_softmax", e, e, f32, 5.0),
-                          memory_op(f"{self.name}.nll", rows, 1, f32)])
+                          memory_op(f"{self.name}.log_softmax", e, e, f32, 5.0, layer=self.name),
+                          memory_op(f"{self.name}.nll", rows, 1, f32, layer=self.name)])
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         rows = n * self.rows
         e = rows * self.classes
         if self.fused:  # softmax less one at the target, from the logits and their lse
             return self._tag([memory_op(f"{self.name}.fused_xent_bwd", e, e, num.act_bytes,
-                                        3.0)])
+                                        3.0, layer=self.name)])
         f32 = self._type(num)
-        return self._tag([memory_op(f"{self.name}.nll_bwd", rows, e, f32, 0.0),
-                          memory_op(f"{self.name}.log_softmax_bwd", 2 * e, e, f32, 2.0),
+        return self._tag([memory_op(f"{self.name}.nll_bwd", rows, e, f32, 0.0, layer=self.name),
+                          memory_op(f"{self.name}.log_softmax_bwd", 2 * e, e, f32, 2.0,
+                                    layer=self.name),
                           *self._cast_down(e, num)])
 
     def vocab_parallel_forward(self, n: int, num: Numerics) -> list[Op]:
@@ -374,18 +385,22 @@ class CrossEntropy(Layer):
         e = rows * self.classes
         f32 = DTYPE_BYTES["fp32"]
         return self._tag([*self._cast_up(e, num),
-                          memory_op(f"{self.name}.max", e, rows, f32),
-                          memory_op(f"{self.name}.sub_", e, e, f32, allocates=False),
-                          memory_op(f"{self.name}.exp", e, e, f32, 3.0, allocates=False),
-                          memory_op(f"{self.name}.sum", e, rows, f32),
-                          memory_op(f"{self.name}.div_", e, e, f32, allocates=False)])
+                          memory_op(f"{self.name}.max", e, rows, f32, layer=self.name),
+                          memory_op(f"{self.name}.sub_", e, e, f32, allocates=False,
+                                    layer=self.name),
+                          memory_op(f"{self.name}.exp", e, e, f32, 3.0, allocates=False,
+                                    layer=self.name),
+                          memory_op(f"{self.name}.sum", e, rows, f32, layer=self.name),
+                          memory_op(f"{self.name}.div_", e, e, f32, allocates=False,
+                                    layer=self.name)])
 
     def vocab_parallel_backward(self, n: int, num: Numerics) -> list[Op]:
         """The kept softmax, less one at each target, scaled in place by the loss gradient,
         then cast back to the logits' type."""
         e = n * self.rows * self.classes
         f32 = DTYPE_BYTES["fp32"]
-        return self._tag([memory_op(f"{self.name}.mul_", e, e, f32, 2.0, allocates=False),
+        return self._tag([memory_op(f"{self.name}.mul_", e, e, f32, 2.0, allocates=False,
+                                    layer=self.name),
                           *self._cast_down(e, num)])
 
     def saved_bytes(self, n: int, num: Numerics) -> float:

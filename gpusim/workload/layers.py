@@ -9,7 +9,7 @@ frozen layers).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from gpusim.workload.fp8 import quantize_ops
@@ -139,7 +139,7 @@ class Linear(Layer):
     def forward(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(n * self.rows, self.out_features, self.in_features,
                            row_lengths=self._rows, layout="nt")
-        ops = [gemm_op(f"{self.name}.fwd", shape, num.matmul, num.act_bytes)]
+        ops = [gemm_op(f"{self.name}.fwd", shape, num.matmul, num.act_bytes, layer=self.name)]
         if num.matmul == "fp8":  # the input and the weight quantized first
             ops = [*quantize_ops(f"{self.name}.x", n * self.rows * self.in_features, num),
                    *quantize_ops(f"{self.name}.w", self.in_features * self.out_features, num),
@@ -149,7 +149,8 @@ class Linear(Layer):
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(n * self.rows, self.in_features, self.out_features,
                            row_lengths=self._rows)
-        ops = [gemm_op(f"{self.name}.dgrad", shape, num.matmul, num.act_bytes)]
+        ops = [gemm_op(f"{self.name}.dgrad", shape, num.matmul, num.act_bytes,
+                       layer=self.name)]
         if num.matmul == "fp8":  # the output gradient quantized first (both layouts)
             ops = [*quantize_ops(f"{self.name}.dy", n * self.rows * self.out_features, num),
                    *ops]
@@ -158,7 +159,8 @@ class Linear(Layer):
     def backward_weight(self, n: int, num: Numerics) -> list[Op]:
         shape = GemmShape(self.out_features, self.in_features, n * self.rows,
                            row_lengths=self._rows, layout="tn")
-        return self._tag([gemm_op(f"{self.name}.wgrad", shape, num.matmul, num.act_bytes)])
+        return [gemm_op(f"{self.name}.wgrad", shape, num.matmul, num.act_bytes,
+                        layer=self.name)]
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.rows * self.in_features * num.act_bytes / self.input_shards
@@ -212,8 +214,8 @@ class Conv2d(Layer):
         return num.act_bytes * (inputs + self.params + n * self.out_elements)
 
     def _conv(self, name: str, shape: GemmShape, n: int, num: Numerics) -> Op:
-        op = gemm_op(name, shape, num.conv, num.act_bytes, kind="conv")
-        return replace(op, bytes=self._bytes(n, num))
+        return gemm_op(name, shape, num.conv, num.act_bytes, kind="conv", layer=self.name,
+                       moved=self._bytes(n, num))
 
     def _relayout(self, name: str, elements: int, num: Numerics) -> list[Op]:
         """Tensor-core convolutions run channels-last (NHWC); PyTorch's tensors are NCHW,
@@ -223,30 +225,29 @@ class Conv2d(Layer):
         transpose kernels it ran move weights, which are small)."""
         if num.conv not in TENSOR_CORE_MATH or self.channels_last:
             return []
-        return [memory_op(name, elements, elements, num.act_bytes)]
+        return [memory_op(name, elements, elements, num.act_bytes, layer=self.name)]
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw
         k = self.in_channels // self.groups * self.kernel**2
         shape = GemmShape(n * ho * wo, self.out_channels // self.groups, k, self.groups)
         inputs = n * self.in_channels * self.height * self.width
-        return self._tag([*self._relayout(f"{self.name}.to_nhwc", inputs, num),
-                          self._conv(f"{self.name}.fwd", shape, n, num)])
+        return [*self._relayout(f"{self.name}.to_nhwc", inputs, num),
+                self._conv(f"{self.name}.fwd", shape, n, num)]
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw
         k = self.out_channels // self.groups * self.kernel**2
         shape = GemmShape(n * ho * wo, self.in_channels // self.groups, k, self.groups)
-        return self._tag([*self._relayout(f"{self.name}.dgrad_to_nhwc", n * self.out_elements,
-                                          num),
-                          self._conv(f"{self.name}.dgrad", shape, n, num)])
+        return [*self._relayout(f"{self.name}.dgrad_to_nhwc", n * self.out_elements, num),
+                self._conv(f"{self.name}.dgrad", shape, n, num)]
 
     def backward_weight(self, n: int, num: Numerics) -> list[Op]:
         ho, wo = self.out_hw
         shape = GemmShape(self.out_channels // self.groups,
                           self.in_channels // self.groups * self.kernel**2, n * ho * wo,
                           self.groups)
-        return self._tag([self._conv(f"{self.name}.wgrad", shape, n, num)])
+        return [self._conv(f"{self.name}.wgrad", shape, n, num)]
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         return n * self.in_channels * self.height * self.width * num.act_bytes
@@ -309,13 +310,14 @@ class Elementwise(Layer):
     def forward(self, n: int, num: Numerics) -> list[Op]:
         e = n * self.elements
         if self._upcasts(num):
-            return self._tag([replace(memory_op(
+            return [memory_op(
                 f"{self.name}.fwd", UPCAST_NORM_PASSES[0] * e, UPCAST_NORM_PASSES[1] * e,
-                num.act_bytes, self.flops_per_element), family=self.family(num))])
-        op = memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e, num.act_bytes,
-                       self.flops_per_element, allocates=not self.inplace,
-                       mask_written=self.mask * e)
-        return self._tag([replace(op, family=self.family(num), parallel_units=self._units)])
+                num.act_bytes, self.flops_per_element, layer=self.name,
+                family=self.family(num))]
+        return [memory_op(f"{self.name}.fwd", self.reads * e, self.writes * e, num.act_bytes,
+                          self.flops_per_element, allocates=not self.inplace,
+                          mask_written=self.mask * e, layer=self.name,
+                          family=self.family(num), parallel_units=self._units)]
 
     @property
     def _units(self) -> int:
@@ -326,12 +328,14 @@ class Elementwise(Layer):
             return []
         e = n * self.elements
         if self._upcasts(num):
-            return self._tag([replace(memory_op(
+            return [memory_op(
                 f"{self.name}.bwd", UPCAST_NORM_PASSES[2] * e, UPCAST_NORM_PASSES[3] * e,
-                num.act_bytes, 2 * self.flops_per_element), family=self.family(num))])
-        op = memory_op(f"{self.name}.bwd", self.bwd_reads * e, self.bwd_writes * e,
-                       num.act_bytes, 2 * self.flops_per_element, mask_read=self.mask * e)
-        return self._tag([replace(op, family=self.family(num), parallel_units=self._units)])
+                num.act_bytes, 2 * self.flops_per_element, layer=self.name,
+                family=self.family(num))]
+        return [memory_op(f"{self.name}.bwd", self.bwd_reads * e, self.bwd_writes * e,
+                          num.act_bytes, 2 * self.flops_per_element, mask_read=self.mask * e,
+                          layer=self.name, family=self.family(num),
+                          parallel_units=self._units)]
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
         if self._upcasts(num):  # the fp32 copy of its input, and the normalized tensor

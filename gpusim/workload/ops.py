@@ -117,10 +117,11 @@ class Op:
     attention: AttentionShape | None = None
 
     def with_phase(self, phase: Phase) -> Op:
-        return self._with(self.layer, phase)
+        # An Op is immutable: one already in ``phase`` (or ``layer``, below) is its own copy.
+        return self if phase == self.phase else self._with(self.layer, phase)
 
     def in_layer(self, layer: str) -> Op:
-        return self._with(layer, self.phase)
+        return self if layer == self.layer else self._with(layer, self.phase)
 
     def _with(self, layer: str, phase: Phase) -> Op:
         # Every field by name: 2.5x faster than dataclasses.replace, which lowering calls
@@ -133,22 +134,25 @@ class Op:
 
 
 def gemm_op(name: str, shape: GemmShape, math: str, element_bytes: float,
-            kind: OpKind = "gemm") -> Op:
-    """A matrix product (or a convolution lowered to one), writing a new result."""
+            kind: OpKind = "gemm", *, layer: str = "", moved: float | None = None) -> Op:
+    """A matrix product (or a convolution lowered to one), writing a new result, in
+    ``layer``; ``moved``: its bytes where they are not the product's own (a convolution's)."""
     out = element_bytes * shape.batch * shape.m * shape.n
-    return Op(name, kind, shape.flops, shape.bytes(element_bytes), math, gemm=shape,
-              alloc_bytes=out)
+    return Op(name, kind, shape.flops, shape.bytes(element_bytes) if moved is None else moved,
+              math, layer, gemm=shape, alloc_bytes=out)
 
 
 def memory_op(name: str, elements_read: float, elements_written: float, element_bytes: float,
               flops_per_element: float = 1.0, *, allocates: bool = True,
-              mask_read: float = 0.0, mask_written: float = 0.0) -> Op:
+              mask_read: float = 0.0, mask_written: float = 0.0, layer: str = "",
+              phase: Phase = "forward", family: str = "", parallel_units: int = 0) -> Op:
     """An elementwise, normalization, reduction or copy kernel: bound by the bytes it moves.
 
     ``flops_per_element`` counts arithmetic per element written; it matters only on devices
     whose arithmetic is slow next to their memory (CPUs with narrow SIMD). ``allocates``:
     the written elements are a new tensor (False for in-place ops). ``mask_read`` and
     ``mask_written`` count one-byte elements (a dropout mask is bool whatever the data type).
+    ``layer``, ``phase``, ``family`` and ``parallel_units`` are the Op's own fields.
     """
     written = element_bytes * elements_written + mask_written
     return Op(
@@ -157,5 +161,9 @@ def memory_op(name: str, elements_read: float, elements_written: float, element_
         flops_per_element * elements_written,
         element_bytes * elements_read + mask_read + written,
         "fp32",
+        layer,
+        phase,
         alloc_bytes=written if allocates else 0.0,
+        family=family,
+        parallel_units=parallel_units,
     )
