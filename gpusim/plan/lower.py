@@ -375,6 +375,13 @@ def _device_costs(job: TrainingJob, cal: Calibration
     return cost
 
 
+def _kernel(op: Op, cost: Callable[[Op], tuple[float, str, float]], host_s: float) -> Kernel:
+    """``op`` as a kernel: its device time from ``cost``, dispatched in ``host_s``."""
+    seconds, bound, active = cost(op)
+    return Kernel(op.name, op.layer, op.phase, seconds, host_s, op.flops, op.bytes, bound,
+                  active)
+
+
 def layer_kind(layer: Layer) -> str:
     """The kind of layer whose host cost calibration states (layer_us): its op for
     elementwise layers, else its class."""
@@ -412,7 +419,6 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     backward_started = False
     micro_kernels = []
     for op in ops:
-        seconds, bound, active = cost(op)
         phase, name = op.phase, op.layer
         kernel_host_s = ((launch_s if name in compiled else training_host_s)
                          + op_host_extra(op, cal))
@@ -428,8 +434,7 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
             kernel_host_s = kernel_host_s + units.us(extra)
         if job.optimizer_in_backward and phase == "optimizer":
             kernel_host_s = host_s + each_in_backward
-        micro_kernels.append(Kernel(op.name, name, phase, seconds, kernel_host_s, op.flops,
-                                    op.bytes, bound, active))
+        micro_kernels.append(_kernel(op, cost, kernel_host_s))
     micro = tuple(micro_kernels)
     opt_ops = [] if job.optimizer_in_backward else optimizer_ops(job)
     opt: tuple[Kernel, ...] = ()
@@ -452,12 +457,10 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
             each = optimizer_host_s(tensors, cal) / len(opt_ops)
         opt_kernels = []
         for op in opt_ops:
-            seconds, bound, active = cost(op)
             kernel_host_s = host_s + op_host_extra(op, cal)
             if not job.master_weights:
                 kernel_host_s = kernel_host_s + each
-            opt_kernels.append(Kernel(op.name, op.layer, op.phase, seconds, kernel_host_s,
-                                      op.flops, op.bytes, bound, active))
+            opt_kernels.append(_kernel(op, cost, kernel_host_s))
         opt = tuple(opt_kernels)
     n = job.microbatch_size
     link = _host_link(job)

@@ -709,9 +709,7 @@ def _placed_chunks(job: ParallelJob, cal: Calibration, host_per_op: float,
                           _chunk_plan(index, layers, signature, shape, job, cal, host_per_op,
                                       cache))
         c = cache[key]  # placed: its index and layers
-        plans.append(ChunkPlan(index, layers, c.forward, c.backward, c.activation_bytes,
-                               c.saved_bytes, c.working_bytes, c.params, c.trainable_params,
-                               c.largest_block_params, c.model_flops, c.grad_ready))
+        plans.append(replace(c, index=index, layers=layers))
         keys.append(key)
     return tuple(plans), tuple(keys)
 

@@ -48,7 +48,7 @@ class DataParallel:
         self.labels: dict[str, int] = {}
         self._buckets: dict[tuple[int, str], tuple[list[str], list[int], list[str],
                                                    list[int]]] = {}
-        self._bucket_plans: dict[int, list[tuple[float, float]]] = {}
+        self._bucket_plans: dict[int, list[tuple[float, float]]] = {}  # by chunk index
 
     def label(self, label: str) -> int:
         """The label's number (its collectives' counters and gates are kept by it)."""
@@ -120,7 +120,7 @@ class DataParallel:
         otherwise gradients fill buckets of DDP_BUCKET_BYTES in the order they complete, as
         PyTorch DDP's reducer and DeepSpeed's reduce buckets do, a tensor larger than a
         bucket taking one of its own. Without a profile, buckets fill evenly."""
-        known = self._bucket_plans.get(id(chunk))
+        known = self._bucket_plans.get(chunk.index)
         if known is not None:
             return known
         total = chunk.trainable_params * self.grad_bytes
@@ -142,7 +142,7 @@ class DataParallel:
                 at += gap
                 fill, prev = fill + n_bytes, min(1.0, at / whole)
             out.append((1.0, fill))
-        self._bucket_plans[id(chunk)] = out
+        self._bucket_plans[chunk.index] = out
         return out
 
     def _bucket_labels(self, count: int, collective: str
