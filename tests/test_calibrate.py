@@ -51,7 +51,8 @@ def test_committed_calibration_is_the_fit_of_the_committed_micro_suite(path: Pat
     file's figures (for a device, or for its whole architecture)."""
     committed = load_calibration_file(path)
     root = results.measurements_dir().parent
-    result = fit.fit([root / source for source in committed.fitted_on])
+    result = fit.fit([root / source for source in committed.fitted_on],
+                     bound_by=[root / source for source in committed.bounded_by])
     if committed.architecture is not None:
         result = fit.for_architecture(result)
     fresh = fit.rounded(result.calibration.model_dump(exclude={"rationale"}))

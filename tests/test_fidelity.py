@@ -162,3 +162,48 @@ def test_calibration_fits_layout_factors_on_linear_cases(tmp_path: Path) -> None
     path.write_text(json.dumps({**source, "cases": gemms + linear}))
     fitted = fit.fit([path]).calibration.gemm.layout_factors
     assert fitted["nt"] > 0.9 and fitted["tn"] < 0.75
+
+
+def test_a_long_inner_dimension_runs_below_the_knees_rate(h100: DeviceProfile) -> None:
+    """Past the knee, a product's rate falls as (knee / K) ** slope; up to it, and for a
+    precision with no slope, nothing changes."""
+    cal = calibration_for(h100)
+    gemm = cal.gemm.model_copy(update={"long_k_slope": {"bf16": 0.1}, "long_k_knee": 4096})
+    sloped = cal.model_copy(update={"gemm": gemm})
+    flat = cal.model_copy(update={"gemm": cal.gemm.model_copy(update={"long_k_slope": {}})})
+
+    def compute_s(k: int, c: Any, math: str = "bf16") -> float:
+        # a linear layer's forward runs over its input features: K = k
+        ops = Linear("l", k, 8192, rows=8192).forward(1, Numerics(math, math, math))
+        return sum(kernel_cost(op, h100, c).compute_s for op in ops if op.gemm)
+
+    assert compute_s(4096, sloped) == compute_s(4096, flat)
+    assert compute_s(8192, sloped) == pytest.approx(2 ** 0.1 * compute_s(8192, flat))
+    assert compute_s(8192, sloped, "fp16") == compute_s(8192, flat, "fp16")
+
+
+def test_calibration_fits_the_long_k_slope_from_gemm_cases(tmp_path: Path) -> None:
+    """bf16 GEMMs timed as if their rate fell by 12% per doubling of K past 4096: the fit
+    finds a slope near log2(1 / 0.88) and leaves a precision whose cases do not span the
+    knee without one."""
+    from gpusim.calibrate import fit
+    from gpusim.calibrate.micro_ops import predict
+
+    h100 = load_device("h100-sxm")
+    source = json.loads((results.measurements_dir() / "h100-sxm" / "micro.json").read_text())
+    cal = calibration_for(h100)
+    truth = cal.model_copy(update={"gemm": cal.gemm.model_copy(
+        update={"long_k_slope": {"bf16": 0.184}})})
+    cases = []
+    for c in source["cases"]:
+        if c["kind"] in ("launch", "dispatch") and "median_s" in c:
+            cases.append(c)
+        elif c["kind"] == "gemm" and c.get("precision") in ("bf16", "tf32") \
+                and c["id"].startswith("gemm/") and "median_s" in c:
+            t = predict(c, h100, truth)
+            cases.append({**c, "median_s": t, "p10_s": t, "p90_s": t})
+    path = tmp_path / "micro.json"
+    path.write_text(json.dumps({**source, "cases": cases}))
+    slopes = fit.fit([path]).calibration.gemm.long_k_slope
+    assert slopes["bf16"] == pytest.approx(0.184, rel=0.15)
+    assert slopes.get("tf32", 0.0) < 0.02

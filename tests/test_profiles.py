@@ -125,18 +125,29 @@ def test_peak_falls_back_to_vector_units_without_tensor_cores(h100: GPUProfile) 
 
 
 # Best bf16 matmul a shape search found, as a fraction of the dense peak (S. Bekman,
-# ml-engineering, "Maximum Achievable Matmul FLOPS comparison table"; MI250X per die).
-PUBLISHED_MATMUL_CEILINGS = {"a100-80gb": 0.859, "h100-sxm": 0.801, "mi250x": 0.767,
+# ml-engineering, "Maximum Achievable Matmul FLOPS comparison table"; MI250X per die). H100:
+# 794.5 of 989.4 TFLOP/s, the table's torch 2.7 row, as measurements/published/h100-sxm
+# transcribes it and the hopper fit is bounded by (an older row read 792.1).
+PUBLISHED_MATMUL_CEILINGS = {"a100-80gb": 0.859, "h100-sxm": 0.803, "mi250x": 0.767,
                              "mi300x": 0.601}
 
 
 @pytest.mark.parametrize("gpu, ceiling", PUBLISHED_MATMUL_CEILINGS.items())
-def test_default_gemm_efficiency_stays_under_the_measured_ceiling(gpu: str,
-                                                                  ceiling: float) -> None:
+def test_no_gemm_shape_runs_above_the_measured_ceiling(gpu: str, ceiling: float) -> None:
     """A stated default (or a fit) above the best any shape reached on the real device
-    would make every GEMM faster than the hardware has been seen to run."""
-    cal = calibration_for(load_gpu(gpu))
-    assert cal.gemm_efficiency("bf16") < ceiling
+    would make GEMMs faster than the hardware has been seen to run: over a grid of shapes
+    like the search's, none is predicted above its best."""
+    from gpusim.calibrate.micro_ops import predict
+
+    device = load_gpu(gpu)
+    cal = calibration_for(device)
+    peak = device.matrix_tflops["bf16"] * 1e12
+    sides = range(1024, 16385, 1024)
+    shapes = [(m, n, k) for m in sides for n in sides for k in (1024, 2048, 4096, 8192, 13312)]
+    best = max(2 * m * n * k / peak / predict(
+        {"id": f"gemm/bf16/{m}x{n}x{k}", "kind": "gemm", "precision": "bf16", "m": m, "n": n,
+         "k": k}, device, cal) for m, n, k in shapes)
+    assert best < ceiling
 
 
 def test_bad_files_are_refused_before_they_are_read(tmp_path: Path,

@@ -123,22 +123,26 @@ def _summary(name: str) -> dict[str, Any]:
 # re-recorded the same day: a checkpointed block's input is what its first layer reads (the
 # sequence shard under sequence parallelism; on a later pipeline stage, the activation it
 # received, counted as none before)
+# re-recorded (2026-11-24): the hopper fit gained long_k_slope (a product's rate falls with
+# its inner dimension at the power limit) and with it a higher max_efficiency for short K:
+# H100 bf16 steps move by 1.6% at most (llama3-8b-compiled-torchtitan, llama3-8b-per-op-pp),
+# fp8 -0.3%, A100 ones not at all; the H100 search keeps its best ten, its order changes
 EXPECTED_ESTIMATES: dict[str, tuple[float, float, float]] = {
     "gpt3-175b-tp8-pp16-dp8": (20.614152876959317, 52997675008.0, 0.7595632825720812),
     "gpt3-13b-interleaved-full-zero1-sp": (4.831286323107271, 8602763776.0, 0.7961000514478271),
-    "llama3-8b-fsdp-per-op": (3.9732091223148216, 25819513856.0, 0.8564942694764249),
+    "llama3-8b-fsdp-per-op": (4.00324374195189, 25819513856.0, 0.8577656700842358),
     "gpt3-1.3b-ddp-autocast": (0.5603324221641399, 31585746944.0, 0.9701482646280162),
-    "llama3-8b-per-op-pp-zero1-local-ddp": (4.385782001855184, 40685666304.0, 0.7742370862779866),
-    "llama3-70b-tp-overlap": (14.215138913368191, 68388519936.0, 0.8267262882004865),
+    "llama3-8b-per-op-pp-zero1-local-ddp": (4.45654705331553, 40685666304.0, 0.7746395903373084),
+    "llama3-70b-tp-overlap": (14.36292815638441, 68388519936.0, 0.8281003959884519),
     "gpt3-2.7b-gpipe-fp16": (2.0683937344806305, 73331204096.0, 0.6446465549820943),
     "llama-2-13b-uneven-stages": (5.437467641618844, 17820579840.0, 0.7446092766937719),
-    "mixtral-8x7b-ep": (4.7134006723829565, 35656900608.0, 0.59925069020496),
+    "mixtral-8x7b-ep": (4.7571152804574, 35656900608.0, 0.6019670493703382),
     "llama3-8b-lora": (6.630748967531755, 32729210880.0, 0.9489787876367242),
     # re-recorded (2026-11-23): ring attention's fp32 merges and gradient sums costed
-    "llama3-8b-cp-32k": (7.03152216917638, 42272497664.0, 0.8763287585828835),
+    "llama3-8b-cp-32k": (7.058265042865534, 42272497664.0, 0.8767664890544044),
     # peak re-recorded (2026-11-23): a compiled loss keeps the head's logits, counted once
-    "llama3-8b-compiled-torchtitan": (3.4902305740582897, 35362210816.0, 0.8764859984115059),
-    "llama3-8b-fp8-interleaved": (3.9067803523204896, 40182480896.0, 0.7497776562416247),
+    "llama3-8b-compiled-torchtitan": (3.546510850375477, 35362210816.0, 0.8785561776950931),
+    "llama3-8b-fp8-interleaved": (3.8947075493524768, 40182480896.0, 0.7481616744995252),
     "gpt3-1.3b-frozen": (0.9648449213890726, 9347321856.0, 0.7494259809902091),
 }
 
@@ -147,29 +151,29 @@ EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
         "counts": (2240, 560, 0, 1680),
         "best": [
             ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-3, recompute none",
-             0.06689629044227273, True, 6769735936.0, 0.14237548433888417),
+             0.06689629044227267, True, 6769735936.0, 0.1423754843388843),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-3, sequence parallel, recompute none",
-             0.0686827802710622, True, 5926444800.0, 0.1386721928641278),
+             0.06868278027106217, True, 5926444800.0, 0.13867219286412785),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-1, sequence parallel, recompute none",
-             0.06888034666883998, False, 6700319232.0, 0.13827444565551067),
+             0.06888034666883994, False, 6700319232.0, 0.13827444565551075),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-2, sequence parallel, recompute none",
-             0.06888034666883998, False, 6077280256.0, 0.13827444565551067),
+             0.06888034666883994, False, 6077280256.0, 0.13827444565551075),
             ("TP 2 x PP 1 x DP 8, microbatch 8, sequence parallel, recompute none",
-             0.06916939617992432, False, 8569436160.0, 0.13769661552947896),
+             0.06916939617992428, False, 8569436160.0, 0.13769661552947904),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-3, recompute none",
-             0.06958106471550661, True, 6954049280.0, 0.13688194900631742),
+             0.06958106471550655, True, 6954049280.0, 0.13688194900631753),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-1, recompute none",
-             0.06977863111328439, False, 7727923712.0, 0.13649439090787788),
+             0.06977863111328433, False, 7727923712.0, 0.136494390907878),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-2, recompute none",
-             0.06977863111328439, False, 7104884736.0, 0.13649439090787788),
+             0.06977863111328433, False, 7104884736.0, 0.136494390907878),
             ("TP 2 x PP 1 x DP 8, microbatch 8, recompute none",
-             0.07006768062436873, False, 9597040640.0, 0.13593131194470814),
+             0.07006768062436868, False, 9597040640.0, 0.13593131194470826),
             ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-1, recompute none",
-             0.07090385593267251, False, 10220008960.0, 0.1343282622208478),
+             0.07090385593267245, False, 10220008960.0, 0.1343282622208479),
         ],
-        "order": "75b4623d2c9d2ced",
-        "step_sums": (229.76909325444916, 93730.727662212),
-        "peak_sums": (2040675265280.0, 402723992685824.0),
+        "order": "1c5fa01c06d0c19a",
+        "step_sums": (230.25900573844785, 93855.77356294107),
+        "peak_sums": (2040675265280.0, 403864696452352.0),
         "rejected": "e3b0c44298fc1c14",
     },
     "llama3-8b-a100x32": {

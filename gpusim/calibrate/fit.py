@@ -39,7 +39,7 @@ from gpusim.calibrate.micro_ops import (
     predict,
 )
 from gpusim.errors import InvalidMeasurement
-from gpusim.hardware.calibration import Calibration, stated_defaults
+from gpusim.hardware.calibration import Calibration, GemmCalibration, stated_defaults
 from gpusim.hardware.catalog import catalog, profiles_dir
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
@@ -140,6 +140,11 @@ def _search(lo: float, hi: float, score: Callable[[float], float], zero: bool) -
 # cover the small sizes (a 16 MiB copy takes ~10 us on the device, past the host's pace).
 LOOP_MIN_BYTES = 2**24
 
+# A slope of a product's rate against its inner dimension K is fitted only where a precision
+# has this many tensor-core cases on each side of the calibration's knee, compute-bound
+# sized (run longer than a ramp): fewer, and the slope would fit noise between two shapes.
+LONG_K_MIN_CASES = 3
+
 # The smallest GEMM tile side any calibration states (64 x 64).
 SMALLEST_TILE = 64
 
@@ -150,6 +155,7 @@ SHORT_KERNEL_S = 1e-4
 
 # Ranges per parameter kind: efficiencies are fractions of peak, ramps and gaps microseconds.
 _RANGE = {"efficiency": (0.005, 1.0, False), "factor": (0.05, 1.0, False),
+          "slope": (0.002, 0.5, True),
           "us": (0.01, 5000.0, True), "gb_s": (0.1, 1000.0, False)}
 
 
@@ -174,6 +180,17 @@ def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
 
 
 Group = tuple[str, list[dict[str, Any]], list[tuple[Path_, str]]]
+
+
+def _spans_the_knee(cases: list[dict[str, Any]]) -> bool:
+    """Whether tensor-core GEMM cases long enough to run at the power limit lie on both
+    sides of the inner-dimension knee, enough of them to fit how the rate falls past it
+    (see GemmCalibration.long_k_slope)."""
+    knee = GemmCalibration.model_fields["long_k_knee"].default
+    long = [c["k"] for c in cases if c["precision"] in TENSOR_CORE_MATH
+            and c["median_s"] >= SHORT_KERNEL_S]
+    return (sum(k > knee for k in long) >= LONG_K_MIN_CASES
+            and sum(k <= knee for k in long) >= LONG_K_MIN_CASES)
 
 
 def _has_short(cases: list[dict[str, Any]]) -> bool:
@@ -230,6 +247,8 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     misaligned = of(lambda c: c["kind"] == "gemm" and narrow(c) and tiled(c))
     gemm_params: list[tuple[Path_, str]] = [
         (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
+    gemm_params += [(("gemm", "long_k_slope", p), "slope") for p in precisions
+                    if _spans_the_knee([c for c in gemm if c["precision"] == p])]
     if _has_short(gemm):
         gemm_params.append((("gemm", "ramp_us"), "us"))
     if device.is_gpu and _has_host(gemm):
@@ -309,11 +328,16 @@ def _host_figure(runs: list[dict[str, Any]], kind: str, pass_: str | None = None
     return statistics.median(values) if values else None
 
 
-def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None) -> FitResult:
+def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None,
+        bound_by: list[str | Path] | None = None) -> FitResult:
     """Fit the calibration of the device measured in micro-suite file ``path`` (or in
-    several runs of it: their cases pooled, host figures their median)."""
+    several runs of it: their cases pooled, host figures their median). The searched maxima
+    in ``bound_by`` (published files of the same device) bound the GEMM efficiencies."""
     paths = list(path) if isinstance(path, list) else [path]
     runs = _load_runs(paths)
+    bounds = _load_runs(list(bound_by or []))
+    if {r["device"] for r in bounds} - {r["device"] for r in runs}:
+        raise InvalidMeasurement("--bound-by files must be of the device the fit measures")
     data = runs[-1]
     if device is None:
         found = catalog().find(data["device"])
@@ -355,7 +379,7 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
         fits.append(_group_fit(name, group_cases, device, before, cal, fitted))
         if name == "gemm":  # before anything is fitted relative to the GEMM efficiencies
             shared = _same_rate_precisions(cal, device, fits)
-    bounded = _bound_by_maxima(cal, cases, device)
+    bounded = _bound_by_maxima(cal, cases + [c for r in bounds for c in r["cases"]], device)
     auto = _auto_attention(cal, data, fits)
     layers = [c for c in cases if c["kind"] == "layer_host" and "median_s" in c]
     if layers:
@@ -369,6 +393,7 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
     cal.update({
         "name": f"{device.name}-fitted", "device": device.name, "architecture": None,
         "status": "fitted", "fitted_on": [results.display_path(p) for p in paths],
+        "bounded_by": [results.display_path(p) for p in bound_by or []],
         "rationale": f"Fitted by gpusim calibrate on {today} to {what} "
                      f"{data['provenance'].get('date', '')[:10]} ({summary}).{shared}{bounded}"
                      f"{auto} "
@@ -421,22 +446,39 @@ def _same_rate_precisions(cal: dict[str, Any], device: DeviceProfile,
             f"{', '.join(taken)}." if taken else "")
 
 
+# Shapes a searched maximum bounds, as a search over shapes would try them: M and N in
+# steps of 1024 up to 16384, K from 1024 to past the knee of long_k_slope.
+_SEARCH_SIDES = range(1024, 16385, 1024)
+_SEARCH_K = (1024, 2048, 4096, 8192, 13312)
+
+
+def _fastest_shape(precision: str, device: DeviceProfile, cal: Calibration) -> float:
+    """The highest FLOP rate predicted for any shape of the search grid."""
+    return max(2 * m * n * k / predict({"id": f"gemm/{precision}/{m}x{n}x{k}", "kind": "gemm",
+                                        "precision": precision, "m": m, "n": n, "k": k},
+                                       device, cal)
+               for m in _SEARCH_SIDES for n in _SEARCH_SIDES for k in _SEARCH_K)
+
+
 def _bound_by_maxima(cal: dict[str, Any], cases: list[dict[str, Any]],
                      device: DeviceProfile) -> str:
     """No shape runs faster than the fastest a search over shapes found: where the
     calibration predicts a searched maximum (a GEMM case kept out of the fit, ``fit:
-    false``) faster than it was measured, its precision's efficiency is lowered until the
-    prediction meets it. A bound, not a fit: typical shapes may still run slower."""
+    false``), or any shape of a search grid, faster than that maximum was measured, its
+    precision's efficiency is lowered until the prediction meets it. A bound, not a fit:
+    typical shapes may still run slower."""
     held = []
     for precision in sorted(cal["gemm"]["max_efficiency"]):
         maxima = [c for c in cases if c.get("fit") is False and c["kind"] == "gemm"
                   and c.get("precision") == precision and "median_s" in c]
         if not maxima:
             continue
+        best = max(2 * c["m"] * c["n"] * c["k"] / c["median_s"] for c in maxima)
         start = cal["gemm"]["max_efficiency"][precision]
         for _ in range(8):  # ramps and quantization make time not quite inverse to it
-            ratio = min(predict(c, device, Calibration.model_validate(cal)) / c["median_s"]
-                        for c in maxima)
+            trial = Calibration.model_validate(cal)
+            ratio = min([predict(c, device, trial) / c["median_s"] for c in maxima]
+                        + [best / _fastest_shape(precision, device, trial)])
             if ratio >= 0.999:
                 break
             cal["gemm"]["max_efficiency"][precision] *= ratio

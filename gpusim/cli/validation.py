@@ -49,6 +49,10 @@ def add_parsers(sub: Any) -> None:
                    help="micro-suite file, e.g. measurements/<device>/micro.json; give it "
                         "again for repeated runs of one device (pooled; host figures their "
                         "median)")
+    c.add_argument("--bound-by", dest="bound_by", action="append", default=[],
+                   help="a published micro file of the same device whose searched maxima "
+                        "(GEMM rows marked fit: false) bound the fit: no GEMM shape is "
+                        "predicted faster than the fastest a search found")
     c.add_argument("--out", help="calibration file to write (default: "
                                  "hardware_profiles/calibration/<device>.yaml)")
     c.add_argument("--dry-run", action="store_true", help="show the fit; write nothing")
@@ -91,7 +95,7 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    result = fit.fit(args.source)
+    result = fit.fit(args.source, bound_by=args.bound_by)
     if args.for_architecture:
         result = fit.for_architecture(result)
     cal = result.calibration

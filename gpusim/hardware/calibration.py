@@ -67,6 +67,17 @@ class GemmCalibration(Frozen):
                     "and backward relative to GEMM, fitted on SDPA restricted to that "
                     "backend; a kernel not listed runs as attention_factor says (the "
                     "architecture's default kernel)")
+    long_k_slope: dict[str, NonNegative] = Field(
+        default_factory=dict,
+        description="per math precision, how a product's rate falls as its inner dimension K "
+                    "grows past long_k_knee: efficiency x (long_k_knee / K) ** slope. A longer "
+                    "K keeps the tensor cores busier per output tile, so a board at its power "
+                    "limit holds a lower clock (the H100 micro suite: bf16 products with K of "
+                    "8192 and more ran 5-8% below those with K 4096; Bekman's sustained H200 "
+                    "K walk, measurements/published/power_limits.yaml, the same way). Fitted "
+                    "where the micro suite spans the knee; none given: no fall")
+    long_k_knee: Annotated[int, Field(gt=0)] = Field(
+        4096, description="K up to which a product runs at max_efficiency")
     misaligned_factor: dict[str, Fraction] = Field(
         default_factory=dict,
         description="per math precision, a matrix product's efficiency relative to "
@@ -148,6 +159,11 @@ class Calibration(Frozen):
     device: str | None = None
     status: Literal["default", "fitted"]
     fitted_on: list[str] = Field(default_factory=list, description="measurement files used")
+    bounded_by: list[str] = Field(
+        default_factory=list,
+        description="micro files whose searched maxima (GEMM rows marked fit: false, the "
+                    "fastest a search over shapes found) bound the fit: no shape is predicted "
+                    "faster; nothing else in them is fitted")
     rationale: str = ""
     gemm: GemmCalibration
     memory: MemoryCalibration
