@@ -98,6 +98,12 @@ class Stack(BaseModel):
     # is gathered once before the module and autograd keeps the gathered tensor for the
     # weight gradient, with loss_parallel's cross-entropy. Cited in ``sources`` where set.
     tensor_parallel: Literal["megatron", "dtensor"] = "megatron"
+    # how PyTorch FSDP (ZeRO-3) holds a unit's gathered weights: per_parameter (FSDP2,
+    # fully_shard): the all-gather's output is copied out into each parameter's own storage
+    # (split_with_sizes_copy) on the compute stream, every gather; flat (FSDP1's
+    # FlatParameter): the layers' weights are views into the gathered buffer, nothing is
+    # copied. A source is cited where a stack sets it.
+    fsdp: Literal["per_parameter", "flat"] = "per_parameter"
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -105,6 +111,8 @@ class Stack(BaseModel):
         missing = [c for c in CHOICES if c not in self.sources]
         if self.tensor_parallel != "megatron" and "tensor_parallel" not in self.sources:
             missing.append("tensor_parallel")
+        if self.fsdp != "per_parameter" and "fsdp" not in self.sources:
+            missing.append("fsdp")
         if missing:
             raise ValueError(f"sources must cite where each choice comes from; missing "
                              f"{', '.join(missing)}")

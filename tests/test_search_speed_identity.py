@@ -146,12 +146,14 @@ EXPECTED_ESTIMATES: dict[str, tuple[float, float, float]] = {
     "gpt3-1.3b-frozen": (0.9648449213890726, 9347321856.0, 0.7494259809902091),
 }
 
+# re-recorded (2026-11-24): FSDP2 copies each unit's gathered weights into its parameters
+# (ZeRO-3 rows 0.5-1.8% slower); the A100 search keeps its best nine, the tenth changes
 EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
     "gpt2-medium-h100x16": {
         "counts": (2240, 560, 0, 1680),
         "best": [
             ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-3, recompute none",
-             0.06689629044227267, True, 6769735936.0, 0.1423754843388843),
+             0.06725424804227272, True, 6769735936.0, 0.1416176974606375),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-3, sequence parallel, recompute none",
              0.06868278027106217, True, 5926444800.0, 0.13867219286412785),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-1, sequence parallel, recompute none",
@@ -171,20 +173,20 @@ EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
             ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-1, recompute none",
              0.07090385593267245, False, 10220008960.0, 0.1343282622208479),
         ],
-        "order": "1c5fa01c06d0c19a",
-        "step_sums": (230.25900573844785, 93855.77356294107),
-        "peak_sums": (2040675265280.0, 403864696452352.0),
+        "order": "8ab3d2a37385f557",
+        "step_sums": (230.26151144164785, 93856.17668445311),
+        "peak_sums": (2040675265280.0, 403863688355072.0),
         "rejected": "e3b0c44298fc1c14",
     },
     "llama3-8b-a100x32": {
         "counts": (2948, 656, 1127, 1165),
         "best": [
-            ("TP 1 x PP 1 x DP 32, microbatch 1, ZeRO-3, recompute none",
-             8.283030579159323, True, 66122377216.0, 0.6664759436375151),
             ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-2, sequence parallel, recompute none",
              8.299292045170786, False, 66798366720.0, 0.6651700640702061),
             ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, sequence parallel, recompute none",
              8.378357088785675, False, 33473688064.0, 0.6588929742338915),
+            ("TP 1 x PP 1 x DP 32, microbatch 1, ZeRO-3, recompute none",
+             8.430819632120844, True, 66122377216.0, 0.6547928745137783),
             ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-3, recompute none",
              8.450358756084746, False, 69569933824.0, 0.6532788465872608),
             ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-1, sequence parallel, recompute none",
@@ -197,12 +199,12 @@ EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
              8.528537742751412, False, 75522519040.0, 0.6472904017005194),
             ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, recompute none",
              8.606177186366317, False, 37835764224.0, 0.6414509603833095),
-            ("TP 1 x PP 1 x DP 32, microbatch 2, ZeRO-3, recompute per-op",
-             8.643392508223391, False, 63865907200.0, 0.6386891045583563),
+            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-1, recompute none",
+             8.684356173032983, False, 58845588480.0, 0.6356764406515131),
         ],
-        "order": "78edecb36c969525",
-        "step_sums": (8859.75229940137, 3376260.0871960167),
-        "peak_sums": (34765614985216.0, 1.1707471357824e+16),
+        "order": "e72957a17f286b04",
+        "step_sums": (8860.010251972926, 3376265.4856671253),
+        "peak_sums": (34765614985216.0, 1.170756600144896e+16),
         "rejected": "e0481a428746c06b",
     },
 }

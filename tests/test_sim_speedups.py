@@ -94,14 +94,16 @@ EXPECTED: dict[str, tuple[float, float, tuple[int, int], int, str, tuple[float, 
          'comm_slowdown': 0.0001920763200000036,
          'host_dispatch': 0.02280248535608938,
          'optimizer': 0.0017081325599218752}),
+    # re-recorded (2026-11-24): FSDP2 copies each unit's gathered weights out into its
+    # parameters before the unit's forward and backward (plan/parallel.py _gather_copy_out)
     "dp16-hybrid-zero3-offload": (
-        0.0600802064525431, 0.9531086714546297, (0, 0), 50, "6c6f8685dbdfcdb3",
-        (1.333503906898924, 1.4075902034960717),
-        {'forward': 0.009931108247376806,
-         'backward': 0.01968818915215282,
-         'data_parallel_comm': 0.002817240699839874,
-         'comm_slowdown': 0.0025013951182291843,
-         'host_dispatch': 0.010101415704727433,
+        0.06030143048629232, 0.9561152782019557, (0, 0), 50, "6c6f8685dbdfcdb3",
+        (1.3383788968219048, 1.4128573466517265),
+        {'forward': 0.010711241924794872,
+         'backward': 0.020468322829570885,
+         'data_parallel_comm': 0.0026463115009150388,
+         'comm_slowdown': 0.002523430321494112,
+         'host_dispatch': 0.008911266379300429,
          'optimizer': 0.01504085753021698}),
     "pp2-dp8-zero1-after-backward": (
         0.07142809591742688, 0.6252024662090022, (0, 0), 256, "8c31064b32360b81",

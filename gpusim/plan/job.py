@@ -185,6 +185,13 @@ class TrainingJob:
         return 2 if (self.master_weights and self.mixed_precision) or self.pure_bf16 else 4
 
     @property
+    def gathered_weight_bytes(self) -> int:
+        """Bytes per weight that ZeRO-3 gathers: FSDP's mixed precision gathers the compute
+        type (its param_dtype), everything else the type the weights are held in."""
+        return self.numerics().act_bytes if self.fsdp and self.mixed_precision \
+            else self.weight_bytes
+
+    @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element as accumulated and reduced: fp32, except that
         Megatron-LM's fp16 training keeps fp16 gradients (it accumulates and all-reduces in

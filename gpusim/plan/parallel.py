@@ -54,7 +54,7 @@ from gpusim.stack import Stack, runs_compiled
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
 from gpusim.workload.moe import ep_collectives
-from gpusim.workload.ops import DTYPE_BYTES, Op
+from gpusim.workload.ops import DTYPE_BYTES, Op, memory_op
 
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
 # the backward pass produces them.
@@ -469,8 +469,15 @@ def _chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[
     precision = layer_precisions(stage_job)
     device = stage_job.device
     out: list[Costed] = []
+    copies_out = stage_job.fsdp and stage_job.framework.fsdp == "per_parameter"
+    unit_params: dict[str, int] = defaultdict(int)
+    for la in layers:
+        unit_params[la.block or la.name] += la.params
+    gathered: dict[str, str] = {}  # pass ("forward", "backward") -> the unit gathered last
     for i, kind in microbatch_steps(stage_job):
         layer = layers[i]
+        if copies_out:
+            out += _gather_copy_out(stage_job, layer, kind, unit_params, gathered, cal, cache)
         prec = precision[layer.name]
         key = ("step", shape, signature[i], kind, prec, stage_job.is_trainable(layer.name),
                stage_job.quantized(layer))
@@ -482,6 +489,30 @@ def _chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[
         name = layer.name
         out += [(c[0] or name, *c[1:]) for c in found]
     return out
+
+
+def _gather_copy_out(stage_job: TrainingJob, layer: Layer, kind: str,
+                     unit_params: dict[str, int], gathered: dict[str, str],
+                     cal: Calibration, cache: dict[Any, Any]) -> list[Costed]:
+    """FSDP2's copy of a unit's all-gathered weights into its parameters, before the unit's
+    first layer step of a pass (forward, or backward with its recompute): each gather's
+    output is read and every parameter written, in the gathered type, on the compute
+    stream (foreach_all_gather_copy_out, split_with_sizes_copy). FSDP1's layers are views
+    into the gathered buffer and copy nothing."""
+    unit = layer.block or layer.name
+    phase = "forward" if kind == "forward" else "backward"
+    params = unit_params[unit]
+    if gathered.get(phase) == unit or not params:
+        return []
+    gathered[phase] = unit
+    element = stage_job.gathered_weight_bytes
+    key = ("fsdp_copy_out", params, element, phase, cal.name)
+    found = cache.get(key)
+    if found is None:
+        op = memory_op("fsdp_copy_out", params, params, element, 0.0, allocates=False,
+                       phase=phase, family="copy")
+        found = cache[key] = costed_ops([op], stage_job.device, cal)[0]
+    return [(layer.name, *found[1:])]
 
 
 def _stage_job(job: ParallelJob, index: int, layers: tuple[Layer, ...]) -> TrainingJob:

@@ -292,11 +292,8 @@ class ParallelJob:
 
     @property
     def gathered_weight_bytes(self) -> int:
-        """Bytes per weight that ZeRO-3 gathers: FSDP's mixed precision gathers the compute
-        type (its param_dtype), everything else the type the weights are held in."""
-        whole = self.whole
-        return whole.numerics().act_bytes if self.fsdp and whole.mixed_precision \
-            else whole.weight_bytes
+        """Bytes per weight that ZeRO-3 gathers (TrainingJob.gathered_weight_bytes)."""
+        return self.whole.gathered_weight_bytes
 
     @cached_property
     def whole(self) -> TrainingJob:
