@@ -54,7 +54,7 @@ from gpusim.stack import Stack, runs_compiled
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
 from gpusim.workload.moe import ep_collectives
-from gpusim.workload.ops import DTYPE_BYTES, Op, memory_op
+from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
 
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
 # the backward pass produces them.
@@ -500,7 +500,7 @@ def _gather_copy_out(stage_job: TrainingJob, layer: Layer, kind: str,
     stream (foreach_all_gather_copy_out, split_with_sizes_copy). FSDP1's layers are views
     into the gathered buffer and copy nothing."""
     unit = layer.block or layer.name
-    phase = "forward" if kind == "forward" else "backward"
+    phase: Phase = "forward" if kind == "forward" else "backward"
     params = unit_params[unit]
     if gathered.get(phase) == unit or not params:
         return []
