@@ -11,8 +11,9 @@ from gpusim.validate.published_throughput import RECOMPUTE, load_cases, predict_
 # 13 cases, 32.8%, with Ampere fitted on published kernels and the first MoE row; then 27
 # cases, 26.4%, with torch.compile runs modelled compiled and power limits; then 18.9% with
 # llm-foundry's Triton attention costed; 17.0% with the published compute slowdown beside
-# communication); only ever tightened.
-EAGER_MAPE_BUDGET = 0.19
+# communication; 15.5% on 2026-11-24 with long-K GEMM rates and FSDP2's copy-out); only ever
+# tightened.
+EAGER_MAPE_BUDGET = 0.165
 
 
 def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:
@@ -38,3 +39,11 @@ def test_no_configuration_that_trained_as_stated_is_refused() -> None:
             continue
         row = predict_case(case)
         assert "needs" not in (row.skipped or ""), row
+
+
+def test_nemo_automodel_rows_run_as_their_configs_say() -> None:
+    """NeMo AutoModel holds its model in bf16 (from_config's torch_dtype "auto") with bf16
+    logits into the loss: its Qwen3-30B row on 8 H100s fits, and its DeepSeek-V3 row under
+    pipeline parallelism runs without fp32 master weights instead of being refused."""
+    rows = {c["id"]: predict_case(c) for c in load_cases() if "automodel" in c["id"]}
+    assert rows and all(r.predicted is not None for r in rows.values()), rows

@@ -359,3 +359,14 @@ def test_a_per_tensor_optimizer_launches_a_kernel_per_tensor_and_pass() -> None:
     slower = estimate("gpt2", "a100-80gb", 8, precision="fp16", stack=looped)
     assert slower.step.breakdown_s["optimizer"] > estimate(
         "gpt2", "a100-80gb", 8, precision="fp16").step.breakdown_s["optimizer"]
+
+
+def test_a_model_held_in_bf16_keeps_no_master_copy_under_pipeline_parallelism() -> None:
+    """--pure-bf16 under pipeline (or tensor) parallelism is torch's pipelining of a bf16
+    model (torchtitan, NeMo AutoModel), not Megatron-LM's fp32 master weights."""
+    from gpusim.estimate import build_job
+
+    job, _ = build_job("llama3-8b", "h100-sxm", 16, precision="bf16", seq_len=2048,
+                       num_gpus=8, pp=2, microbatch_size=1, pure_bf16=True,
+                       stack="nemo-automodel")
+    assert not job.master_weights and job.pure_bf16

@@ -275,6 +275,8 @@ class ParallelJob:
         says otherwise."""
         if self.megatron is not None:
             return self.megatron
+        if self.pure_bf16:  # a model held in bf16 has no fp32 copy to keep (torchtitan,
+            return False    # NeMo AutoModel and torchtune pipeline it so)
         if self.stack is not None and self.stack.weights == "master":
             return True
         return self.parallel.tensor > 1 or self.parallel.pipeline > 1

@@ -125,6 +125,8 @@ def _stack(case: dict[str, Any]) -> str:
         return "megatron"
     if "llm-foundry" in source:
         return "llm-foundry-2023"
+    if "Automodel" in source:
+        return "nemo-automodel"
     if "pytorch-training-benchmark" in source and "torchtitan" not in str(case["framework"]):
         # train_fsdp.py: its own modules in bf16, Transformer Engine layers for fp8
         te = str(case["training"]["precision"]).startswith("fp8")
@@ -183,6 +185,9 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
         kwargs["tp_overlap"] = async_tp
+    if name == "nemo-automodel":
+        # from_config's torch_dtype "auto" is bfloat16: bf16 shards, gradients and Adam states
+        kwargs["pure_bf16"] = True
     if pp > 1 and kwargs["zero"] == 3:
         kwargs["zero"] = 1
         flags.append("FSDP with PP predicted as ZeRO-1")
@@ -191,7 +196,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs["microbatch_size"] = 1
         flags.append("microbatch 1 assumed")
         blocks = int(case["model"]["layers"])
-        chunks = pp * (2 if "interleaved" in case["id"] else 1)
+        chunks = pp * (vp if vp > 1 else 2 if "interleaved" in case["id"] else 1)
         if blocks % chunks:
             kwargs["pp_layers"] = tuple(int(b) for b in uneven_split(blocks, chunks).split(","))
             flags.append("stage split assumed")
@@ -206,7 +211,9 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
             per = (blocks + 2) // chunks
             kwargs["pp_layers"] = (per - 1, *[per] * (chunks - 2), per - 1)
             flags.append("embedding and loss counted as a layer each in the pipeline split")
-    if pp > 1 and "interleaved" in case["id"]:
+    if pp > 1 and name != "megatron" and vp > 1:
+        kwargs.update(schedule="interleaved", virtual_stages=vp)
+    elif pp > 1 and "interleaved" in case["id"]:
         kwargs.update(schedule="interleaved", virtual_stages=2)
         flags.append("interleaved stages assumed 2 per GPU")
     return kwargs, tuple(flags), ""
