@@ -232,11 +232,13 @@ def test_the_stack_is_named_in_the_assumptions() -> None:
 # more combine FSDP with pipeline stages, which gpusim refuses), mean 11.3%. The largest
 # misses are torchtitan's Llama 3.1 70B at FSDP 32 x TP 8 with full recompute, 23-27% low,
 # and Llama 3.1 8B at 32K-256K tokens (CP 1-8), 10% low; unexplained. Held apart so the
-# budget of the 32 above stays as tight as it was.
+# budget of the 32 above stays as tight as it was. 2026-11-24: the six 405B runs (FSDP 8 x
+# TP 8 x PP 8) pipelined as torchtitan does (its default microbatch count and stage split):
+# 18 cases, mean 8.3%, largest 19.2% (405B at 256K tokens over CP 8).
 PUBLISHED_MEAN_ERROR = 0.05
 PUBLISHED_MAX_ERROR = 0.12
-FP8_OR_CP_MEAN_ERROR = 0.12
-FP8_OR_CP_MAX_ERROR = 0.28
+FP8_OR_CP_MEAN_ERROR = 0.09
+FP8_OR_CP_MAX_ERROR = 0.20
 COMPILED_CHUNKED_LOSS = {"torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce",
                          "torchtune_llama32_3b_full_1gpu_packed_compile_chunkedce_ac"}
 COMPILED_CHUNKED_LOSS_MAX_ERROR = 0.21
@@ -370,3 +372,19 @@ def test_a_model_held_in_bf16_keeps_no_master_copy_under_pipeline_parallelism() 
                        num_gpus=8, pp=2, microbatch_size=1, pure_bf16=True,
                        stack="nemo-automodel")
     assert not job.master_weights and job.pure_bf16
+
+
+def test_torchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:
+    """torchtitan @9dec370 (pipelining_utils.py) splits the local batch into as many
+    microbatches as pipeline stages and, given no split points, deals 126 blocks over 8
+    stages as 15, 16 x 6, 15 (two stages a rank under Interleaved 1F1B: 7, 8 x 14, 7)."""
+    from gpusim.validate.published_memory import _torchtitan_pipeline
+
+    assert _torchtitan_pipeline({"pp_schedule": "1F1B"}, 8, 32, 126) == (
+        32, 4, "1f1b", 1, (15, 16, 16, 16, 16, 16, 16, 15))
+    local, micro, schedule, stages, split = _torchtitan_pipeline(
+        {"pp_schedule": "Interleaved 1F1B", "pp_microbatches": 4}, 8, 32, 126)
+    assert (local, micro, schedule, stages) == (32, 8, "interleaved", 2)
+    assert split == (7, *[8] * 14, 7)
+    modelled = [c for c in load_cases() if "405b" in c.id and c.job is not None]
+    assert len(modelled) == 6
