@@ -24,6 +24,7 @@ from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
 from gpusim.stack import Stack, load_stack
+from gpusim.validate.published_memory import _torchtitan_pipeline
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -191,7 +192,14 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     if pp > 1 and kwargs["zero"] == 3:
         kwargs["zero"] = 1
         flags.append("FSDP with PP predicted as ZeRO-1")
-    if pp > 1 and name != "megatron":
+    if pp > 1 and name == "torchtitan-2024":
+        # torchtitan's defaults: as many microbatches as stages, its own stage split
+        schedule_text = "Interleaved 1F1B" if "interleaved" in case["id"] else "1F1B"
+        _, micro, schedule, virtual, split = _torchtitan_pipeline(
+            {"pp_schedule": schedule_text}, pp, micro, int(case["model"]["layers"]))
+        kwargs.update(microbatch_size=micro, schedule=schedule, virtual_stages=virtual,
+                      pp_layers=split)
+    elif pp > 1 and name != "megatron":
         # The microbatch count is not published: one sequence each, the local batch over PP.
         kwargs["microbatch_size"] = 1
         flags.append("microbatch 1 assumed")
@@ -211,11 +219,12 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
             per = (blocks + 2) // chunks
             kwargs["pp_layers"] = (per - 1, *[per] * (chunks - 2), per - 1)
             flags.append("embedding and loss counted as a layer each in the pipeline split")
-    if pp > 1 and name != "megatron" and vp > 1:
-        kwargs.update(schedule="interleaved", virtual_stages=vp)
-    elif pp > 1 and "interleaved" in case["id"]:
-        kwargs.update(schedule="interleaved", virtual_stages=2)
-        flags.append("interleaved stages assumed 2 per GPU")
+    if pp > 1 and name not in ("megatron", "torchtitan-2024"):
+        if vp > 1:
+            kwargs.update(schedule="interleaved", virtual_stages=vp)
+        elif "interleaved" in case["id"]:
+            kwargs.update(schedule="interleaved", virtual_stages=2)
+            flags.append("interleaved stages assumed 2 per GPU")
     return kwargs, tuple(flags), ""
 
 
