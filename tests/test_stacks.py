@@ -374,15 +374,15 @@ def test_a_model_held_in_bf16_keeps_no_master_copy_under_pipeline_parallelism() 
     assert not job.master_weights and job.pure_bf16
 
 
-def test_torchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:
+def testtorchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:
     """torchtitan @9dec370 (pipelining_utils.py) splits the local batch into as many
     microbatches as pipeline stages and, given no split points, deals 126 blocks over 8
     stages as 15, 16 x 6, 15 (two stages a rank under Interleaved 1F1B: 7, 8 x 14, 7)."""
-    from gpusim.validate.published_memory import _torchtitan_pipeline
+    from gpusim.validate.published_memory import torchtitan_pipeline
 
-    assert _torchtitan_pipeline({"pp_schedule": "1F1B"}, 8, 32, 126) == (
+    assert torchtitan_pipeline({"pp_schedule": "1F1B"}, 8, 32, 126) == (
         32, 4, "1f1b", 1, (15, 16, 16, 16, 16, 16, 16, 15))
-    local, micro, schedule, stages, split = _torchtitan_pipeline(
+    local, micro, schedule, stages, split = torchtitan_pipeline(
         {"pp_schedule": "Interleaved 1F1B", "pp_microbatches": 4}, 8, 32, 126)
     assert (local, micro, schedule, stages) == (32, 8, "interleaved", 2)
     assert split == (7, *[8] * 14, 7)

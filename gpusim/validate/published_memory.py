@@ -216,7 +216,7 @@ def _job(row: dict[str, Any]) -> Any:
     schedule = str(p.get("schedule") or "1f1b")
     virtual = int(p.get("virtual_stages") or 1)
     if pp > 1 and "torchtitan" in framework:
-        local, micro, schedule, virtual, options["pp_layers"] = _torchtitan_pipeline(
+        local, micro, schedule, virtual, options["pp_layers"] = torchtitan_pipeline(
             t, pp, micro, int(m["layers"]))
     return build_job(model, gpu, local * dp * accum, num_gpus=gpus,
                      tp=tp, pp=pp, dp=dp, cp=cp, microbatch_size=micro, zero=zero,
@@ -224,7 +224,7 @@ def _job(row: dict[str, Any]) -> Any:
                      virtual_stages=virtual, **options)[0]
 
 
-def _torchtitan_pipeline(t: dict[str, Any], pp: int, local: int, layers: int
+def torchtitan_pipeline(t: dict[str, Any], pp: int, local: int, layers: int
                          ) -> tuple[int, int, str, int, tuple[int, ...]]:
     """(local batch, microbatch, schedule, stages per rank, blocks per stage) as torchtitan
     @9dec370 pipelines a local batch: torchtitan/parallelisms/pipelining_utils.py splits it

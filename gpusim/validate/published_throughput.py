@@ -24,7 +24,7 @@ from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
 from gpusim.stack import Stack, load_stack
-from gpusim.validate.published_memory import _torchtitan_pipeline
+from gpusim.validate.published_memory import torchtitan_pipeline
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -195,7 +195,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     if pp > 1 and name == "torchtitan-2024":
         # torchtitan's defaults: as many microbatches as stages, its own stage split
         schedule_text = "Interleaved 1F1B" if "interleaved" in case["id"] else "1F1B"
-        _, micro, schedule, virtual, split = _torchtitan_pipeline(
+        _, micro, schedule, virtual, split = torchtitan_pipeline(
             {"pp_schedule": schedule_text}, pp, micro, int(case["model"]["layers"]))
         kwargs.update(microbatch_size=micro, schedule=schedule, virtual_stages=virtual,
                       pp_layers=split)
