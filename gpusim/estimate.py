@@ -331,6 +331,7 @@ def build_job(
     if power_limit_w is not None:
         gpu = limited_device(gpu, system, power_limit_w)
     framework = load_stack(stack).with_attention(attention).with_compile(compile)
+    pure_bf16 = pure_bf16 or framework.weights == "bf16"
     net = apply_stack(resolve_model(model, seq_len), framework)
     if channels_last:
         net = replace_layers(net, lambda la: replace(la, channels_last=True)

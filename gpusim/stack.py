@@ -77,9 +77,10 @@ class Stack(BaseModel):
     # over its (seq, batch, heads x dim) output as it is (Transformer Engine)
     heads_merge: Literal["view"] | None = None
     # how the model is held when it computes in 16 bits: autocast over fp32 weights
-    # (PyTorch's AMP; FSDP's mixed precision gathers 16-bit copies of fp32 shards), or
-    # 16-bit weights with fp32 master copies in the optimizer (Megatron-LM's --bf16)
-    weights: Literal["autocast", "master"] = "autocast"
+    # (PyTorch's AMP; FSDP's mixed precision gathers 16-bit copies of fp32 shards), 16-bit
+    # weights with fp32 master copies in the optimizer (Megatron-LM's --bf16), or bf16
+    # through and through, states included (--pure-bf16, which this choice implies)
+    weights: Literal["autocast", "master", "bf16"] = "autocast"
     # under fp8 training, what a converted linear layer keeps of its input for the weight
     # gradient: the 16-bit input, cast again in backward (torchao's float8), or its fp8
     # copy, one byte an element (Transformer Engine)

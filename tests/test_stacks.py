@@ -365,13 +365,14 @@ def test_a_per_tensor_optimizer_launches_a_kernel_per_tensor_and_pass() -> None:
 
 def test_a_model_held_in_bf16_keeps_no_master_copy_under_pipeline_parallelism() -> None:
     """--pure-bf16 under pipeline (or tensor) parallelism is torch's pipelining of a bf16
-    model (torchtitan, NeMo AutoModel), not Megatron-LM's fp32 master weights."""
+    model (torchtitan, NeMo AutoModel), not Megatron-LM's fp32 master weights; a stack that
+    holds its weights in bf16 (NeMo AutoModel's) implies it."""
     from gpusim.estimate import build_job
 
-    job, _ = build_job("llama3-8b", "h100-sxm", 16, precision="bf16", seq_len=2048,
-                       num_gpus=8, pp=2, microbatch_size=1, pure_bf16=True,
-                       stack="nemo-automodel")
-    assert not job.master_weights and job.pure_bf16
+    for options in ({"pure_bf16": True}, {"stack": "nemo-automodel"}):
+        job, _ = build_job("llama3-8b", "h100-sxm", 16, precision="bf16", seq_len=2048,
+                           num_gpus=8, pp=2, microbatch_size=1, **options)
+        assert not job.master_weights and job.pure_bf16
 
 
 def testtorchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:

@@ -186,9 +186,6 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
         kwargs["tp_overlap"] = async_tp
-    if name == "nemo-automodel":
-        # from_config's torch_dtype "auto" is bfloat16: bf16 shards, gradients and Adam states
-        kwargs["pure_bf16"] = True
     if pp > 1 and kwargs["zero"] == 3:
         kwargs["zero"] = 1
         flags.append("FSDP with PP predicted as ZeRO-1")
