@@ -74,7 +74,9 @@ def _gpu(text: str) -> DeviceProfile:
 
 
 def _window(m: dict[str, Any]) -> int:
-    """The sliding window a case's attention text states (every layer), or 0."""
+    """The sliding window a case states (its ``window``, else its attention text), or 0."""
+    if isinstance(m.get("window"), int):
+        return int(m["window"])
     found = re.search(r"window_size (\d+)", str(m.get("attention", "")))
     return int(found.group(1)) if found else 0
 
@@ -100,7 +102,8 @@ def _model(m: dict[str, Any], seq: int) -> Model:
         positions="rotary" if gated else "learned", max_positions=None if gated else seq,
         tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated, experts=experts,
         top_k=int(m.get("top_k") or 2), moe_ffn=m.get("expert_ffn_hidden"),
-        shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0), sliding_window=_window(m))
+        shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0), sliding_window=_window(m),
+        global_every=int(m.get("global_every") or 0))
     return build_transformer(cfg)
 
 
