@@ -389,3 +389,12 @@ def testtorchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:
     assert split == (7, *[8] * 14, 7)
     modelled = [c for c in load_cases() if "405b" in c.id and c.job is not None]
     assert len(modelled) == 6
+
+
+def test_a_bf16_stack_says_why_it_needs_bf16() -> None:
+    from gpusim.errors import InvalidConfig
+    from gpusim.estimate import build_job
+
+    with pytest.raises(InvalidConfig, match="nemo-automodel stack holds the model in bf16"):
+        build_job("llama3-8b", "h100-sxm", 8, precision="fp8", seq_len=2048,
+                  stack="nemo-automodel")

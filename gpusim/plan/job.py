@@ -132,8 +132,10 @@ class TrainingJob:
             raise InvalidConfig("offload moves state from a GPU to its host; this job runs "
                                 "on a CPU already")
         if self.pure_bf16 and self.precision != "bf16":
-            raise InvalidConfig(f"pure bf16 training holds the model in bf16; it needs "
-                                f"--precision bf16 (got {self.precision})")
+            who = (f"the {self.framework.name} stack holds the model in bf16 (pure bf16)"
+                   if self.framework.weights == "bf16" else
+                   "pure bf16 training holds the model in bf16")
+            raise InvalidConfig(f"{who}; it needs --precision bf16 (got {self.precision})")
         if self.optimizer == "adafactor" and self.master_weights:
             raise InvalidConfig("Megatron-LM's optimizer (tensor or pipeline parallelism) "
                                 "has no Adafactor; use --optimizer adam or adamw there")
