@@ -45,7 +45,7 @@ from dev_cases import (
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError
-from gpusim.estimate import replace_layers, resolve_model, simulate_parallel_step
+from gpusim.estimation import replace_layers, resolve_model, simulate_parallel_step
 from gpusim.hardware.catalog import load_gpu, load_system
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.workload.layers import Conv2d

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from gpusim.errors import GpusimError
-from gpusim.estimate import build_job, estimate, simulate_step
+from gpusim.estimation import build_job, estimate, simulate_step
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_gpu
 from gpusim.stack import load_stack

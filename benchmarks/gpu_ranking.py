@@ -35,7 +35,7 @@ import yaml
 from dev_cases import DEFAULT, GPUS, PRECISIONS, SYSTEMS, _case
 
 from gpusim.errors import GpusimError, InvalidMeasurement
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.hardware.catalog import load_system
 from gpusim.validate.compare import CaseRow, validate_all
 from gpusim.validate.megatron import CASES, MegatronCase, predict

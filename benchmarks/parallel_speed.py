@@ -19,7 +19,7 @@ import sys
 import time
 
 from gpusim.comm.topology import Topology
-from gpusim.estimate import build_job, estimate
+from gpusim.estimation import build_job, estimate
 from gpusim.explore.search import search
 from gpusim.plan.parallel import plan_parallel
 from gpusim.sim.pipeline import simulate_pipeline

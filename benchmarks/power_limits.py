@@ -20,7 +20,7 @@ import yaml
 
 from gpusim.data import data_dir
 from gpusim.errors import GpusimError
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_gpu
 

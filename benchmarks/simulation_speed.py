@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpusim.estimate import build_job, estimate, simulate_step
+from gpusim.estimation import build_job, estimate, simulate_step
 from gpusim.hardware.catalog import load_gpu
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.parallel import plan_parallel

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import DeviceProfile
@@ -50,7 +50,7 @@ def test_the_kernel_changes_attention_time_and_math_its_memory() -> None:
     # re-run at a time, which here peaks below the loss's backward (the logits' fp32
     # gradients), when no block is being re-run.
     assert memory["math"] >= memory["cudnn"]
-    from gpusim.estimate import build_job
+    from gpusim.estimation import build_job
     from gpusim.plan.memory import memory_plan
 
     working = {k: memory_plan(build_job(gpu="h100-sxm", attention=k, **LLAMA)[0])

@@ -340,7 +340,7 @@ def test_names_no_file_system_takes_are_one_line_errors(
 
 def test_channels_last_drops_the_transposes_around_convolutions(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from gpusim.estimate import build_job
+    from gpusim.estimation import build_job
     from gpusim.plan.lower import microbatch_ops
 
     ops = {}

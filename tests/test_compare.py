@@ -12,7 +12,7 @@ from gpusim.cli import main
 from gpusim.cost.energy import active_seconds, average_power_w
 from gpusim.cost.kernels import kernel_cost
 from gpusim.errors import GpusimError
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.explore.compare import affordable, budget, compare
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_device

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpusim.estimate import build_job, estimate
+from gpusim.estimation import build_job, estimate
 from gpusim.plan.lower import lower
 
 JOB: dict[str, Any] = {"model": "llama-3.2-1b", "gpu": "h100-sxm", "batch_size": 1,

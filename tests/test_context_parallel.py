@@ -6,7 +6,7 @@ import pytest
 
 from gpusim.cli import main
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import build_job, estimate
+from gpusim.estimation import build_job, estimate
 from gpusim.plan.context_parallel import cp_collectives, split_sequence
 from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelJob

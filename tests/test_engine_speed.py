@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import simpy
 
-from gpusim.estimate import build_job
+from gpusim.estimation import build_job
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import StepPlan, lower
 from gpusim.sim import engine

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import build_job, estimate
+from gpusim.estimation import build_job, estimate
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import lower, microbatch_ops
 from gpusim.workload.fp8 import FP8_RECIPES

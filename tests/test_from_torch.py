@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from gpusim.cli import main  # noqa: E402
 from gpusim.errors import InvalidModel  # noqa: E402
-from gpusim.estimate import estimate  # noqa: E402
+from gpusim.estimation import estimate  # noqa: E402
 from gpusim.workload.attention import Attention, CrossEntropy  # noqa: E402
 from gpusim.workload.from_torch import from_torch  # noqa: E402
 from gpusim.workload.layers import Linear  # noqa: E402

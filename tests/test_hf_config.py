@@ -12,7 +12,7 @@ import pytest
 
 from gpusim.data import data_dir
 from gpusim.errors import InvalidModel, UnknownModel
-from gpusim.estimate import resolve_model
+from gpusim.estimation import resolve_model
 from gpusim.hardware.catalog import read_yaml
 from gpusim.workload import zoo
 from gpusim.workload.attention import Attention, Embedding

@@ -7,7 +7,7 @@ import pytest
 
 from gpusim.cli import main
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import build_job
+from gpusim.estimation import build_job
 from gpusim.plan.job import NF4_BYTES, TrainingJob
 from gpusim.plan.lower import microbatch_ops, optimizer_ops
 from gpusim.plan.memory import memory_plan

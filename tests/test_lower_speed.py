@@ -10,7 +10,7 @@ import pytest
 
 from gpusim.cost.energy import active_seconds
 from gpusim.cost.kernels import kernel_cost
-from gpusim.estimate import build_job
+from gpusim.estimation import build_job
 from gpusim.hardware.calibration import calibration_for
 from gpusim.plan.autocast import layer_precisions
 from gpusim.plan.job import TrainingJob

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpusim.errors import InvalidConfig, OutOfMemory, UnsupportedPrecision
-from gpusim.estimate import simulate_step
+from gpusim.estimation import simulate_step
 from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import microbatch_ops

@@ -12,7 +12,7 @@ import pytest
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import InvalidConfig, OutOfMemory
-from gpusim.estimate import build_job, estimate
+from gpusim.estimation import build_job, estimate
 from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import microbatch_ops
@@ -328,7 +328,7 @@ def test_offloading_the_optimizer_frees_its_states_and_costs_pcie_time(
     plain = TrainingJob(model, h100, 4, "bf16", loader_workers=0)
     off = TrainingJob(model, h100, 4, "bf16", loader_workers=0, offload="optimizer")
     assert memory_plan(off).optimizer_states == 0 < memory_plan(plain).optimizer_states
-    from gpusim.estimate import simulate_step
+    from gpusim.estimation import simulate_step
     from gpusim.plan.offload import CPU_ADAM_BYTES_PER_PARAM
 
     slow, fast = simulate_step(off), simulate_step(plain)
@@ -364,7 +364,7 @@ def test_a_frozen_product_keeps_no_input(h100: GPUProfile) -> None:
 def test_fsdp_cpu_offload_brings_each_shard_up_before_its_gather() -> None:
     """Under --offload params the fp32 shard crosses PCIe before every gather (forward and
     backward), which a short pass cannot hide."""
-    from gpusim.estimate import estimate
+    from gpusim.estimation import estimate
 
     base = {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 8, "num_gpus": 8,
             "zero": 3, "seq_len": 512, "precision": "bf16"}

@@ -9,7 +9,7 @@ import pytest
 
 from gpusim.cli import main
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import estimate, simulate_step
+from gpusim.estimation import estimate, simulate_step
 from gpusim.explore.values import with_fields
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import host_link, load_gpu

@@ -284,7 +284,7 @@ def test_a_checkpointed_block_keeps_the_sequence_shard_it_reads() -> None:
     checkpointed input is a sequence shard like every other block's: 32 blocks of
     8192 x 4096 bf16 over TP 8 keep 256 MiB (the first one was counted whole, +56 MiB)."""
     import gpusim
-    from gpusim.estimate import build_job
+    from gpusim.estimation import build_job
 
     job, _ = build_job("llama3-8b", "h100-sxm", 8, precision="bf16", num_gpus=8, tp=8,
                        microbatch_size=1, seq_len=8192, checkpointing="full",

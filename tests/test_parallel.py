@@ -14,7 +14,7 @@ import pytest
 from gpusim.cli import main
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.errors import InvalidConfig, OutOfMemory
-from gpusim.estimate import build_job, estimate, simulate_parallel_step
+from gpusim.estimation import build_job, estimate, simulate_parallel_step
 from gpusim.explore.search import candidates, search
 from gpusim.hardware.catalog import load_gpu, load_system
 from gpusim.plan.parallel import plan_parallel, tied_embedding_params

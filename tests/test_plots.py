@@ -24,7 +24,7 @@ import gpusim.plotting.fields
 from gpusim import units
 from gpusim.cli import main
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import estimate, resolve_model
+from gpusim.estimation import estimate, resolve_model
 from gpusim.explore.compare import Comparison, compare
 from gpusim.explore.scaling import ScalingRow, scaling
 from gpusim.explore.sweep import METRICS, SweepResult

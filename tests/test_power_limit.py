@@ -9,7 +9,7 @@ import yaml
 from gpusim.calibrate.power import Point, fit, predicted, sweeps
 from gpusim.data import data_dir
 from gpusim.errors import GpusimError, InvalidConfig
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.explore.values import with_fields
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_gpu

@@ -202,7 +202,7 @@ def test_profile_files_work_wherever_names_do(tmp_path: Path) -> None:
     as names are; a file of the wrong kind says so."""
     import gpusim
     from gpusim.errors import InvalidProfile
-    from gpusim.estimate import estimate
+    from gpusim.estimation import estimate
     from gpusim.hardware.catalog import load_link, load_system
 
     system = tmp_path / "my-system.yaml"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusim.errors import GpusimError
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.explore.values import with_fields
 from gpusim.hardware.catalog import load_gpu
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpusim.estimate import simulate_step
+from gpusim.estimation import simulate_step
 from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import lower

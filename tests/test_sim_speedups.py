@@ -19,7 +19,7 @@ import pytest
 import simpy
 
 from gpusim.comm.topology import Topology
-from gpusim.estimate import build_job
+from gpusim.estimation import build_job
 from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.sim.clock import Clock

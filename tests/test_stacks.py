@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpusim.errors import InvalidConfig, UnknownName
-from gpusim.estimate import build_job, estimate
+from gpusim.estimation import build_job, estimate
 from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import microbatch_ops
@@ -367,7 +367,7 @@ def test_a_model_held_in_bf16_keeps_no_master_copy_under_pipeline_parallelism() 
     """--pure-bf16 under pipeline (or tensor) parallelism is torch's pipelining of a bf16
     model (torchtitan, NeMo AutoModel), not Megatron-LM's fp32 master weights; a stack that
     holds its weights in bf16 (NeMo AutoModel's) implies it."""
-    from gpusim.estimate import build_job
+    from gpusim.estimation import build_job
 
     for options in ({"pure_bf16": True}, {"stack": "nemo-automodel"}):
         job, _ = build_job("llama3-8b", "h100-sxm", 16, precision="bf16", seq_len=2048,
@@ -393,7 +393,7 @@ def testtorchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:
 
 def test_a_bf16_stack_says_why_it_needs_bf16() -> None:
     from gpusim.errors import InvalidConfig
-    from gpusim.estimate import build_job
+    from gpusim.estimation import build_job
 
     with pytest.raises(InvalidConfig, match="nemo-automodel stack holds the model in bf16"):
         build_job("llama3-8b", "h100-sxm", 8, precision="fp8", seq_len=2048,

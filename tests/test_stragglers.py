@@ -232,7 +232,7 @@ def test_per_rank_beyond_a_minute_of_work_is_refused_up_front() -> None:
     passes, twice the 1,572,864 that take 24 s over 4,096 units, over three times the units:
     refused before any work, with what to do instead."""
     from gpusim.errors import InvalidConfig
-    from gpusim.estimate import estimate
+    from gpusim.estimation import estimate
 
     with pytest.raises(InvalidConfig, match=r"--per-rank would simulate 3,145,728 passes"):
         estimate("gpt3-175b", None, 98304, precision="bf16", system="dgx-a100",

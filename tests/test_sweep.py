@@ -16,7 +16,7 @@ import pytest
 
 from gpusim.cli import sweep as sweep_command
 from gpusim.errors import InvalidConfig, MissingDependency
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.explore import sweep as sweep_module
 from gpusim.explore.sweep import METRICS, SweepResult, sweep
 from gpusim.explore.values import parse_values, with_fields

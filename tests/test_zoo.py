@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpusim.errors import InvalidModel, UnknownModel
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.numerics import FP32

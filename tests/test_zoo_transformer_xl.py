@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.workload import zoo
 from gpusim.workload.numerics import FP32
 from gpusim.workload.ops import Op

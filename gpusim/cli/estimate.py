@@ -10,7 +10,7 @@ from gpusim import numbers, paths
 from gpusim.cli import flags
 from gpusim.comm.topology import system_for_gpu
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import build_job, estimate
+from gpusim.estimation import build_job, estimate
 from gpusim.hardware.catalog import load_device, load_gpu, load_system
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import lower

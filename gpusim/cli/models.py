@@ -10,7 +10,7 @@ from gpusim.cli import flags
 from gpusim.cli.console import show
 from gpusim.cli.estimate import model_from_args
 from gpusim.errors import InvalidConfig, InvalidModel
-from gpusim.estimate import resolve_model
+from gpusim.estimation import resolve_model
 from gpusim.tables import add_row, new_table
 from gpusim.workload import zoo
 from gpusim.workload.model import Model

@@ -9,7 +9,7 @@ from gpusim import numbers
 from gpusim.cli import flags
 from gpusim.cli.console import show
 from gpusim.errors import InvalidConfig
-from gpusim.estimate import resolve_model, resolve_topology
+from gpusim.estimation import resolve_model, resolve_topology
 from gpusim.explore.search import search
 from gpusim.plan.job import OPTIMIZERS
 from gpusim.progress import ProgressBar

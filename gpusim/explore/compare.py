@@ -15,7 +15,7 @@ from typing import Any
 from gpusim import units
 from gpusim.comm.topology import Topology, system_for_gpu
 from gpusim.errors import GpusimError, OutOfMemory
-from gpusim.estimate import estimate, resolve_model
+from gpusim.estimation import estimate, resolve_model
 from gpusim.explore.search import search
 from gpusim.hardware.catalog import load_device
 from gpusim.hardware.profile import DeviceProfile, GPUProfile

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpusim.errors import GpusimError, InvalidConfig
-from gpusim.estimate import estimate, resolve_model
+from gpusim.estimation import estimate, resolve_model
 from gpusim.hardware.catalog import load_device, load_system
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.workload.model import Model

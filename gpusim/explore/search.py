@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from gpusim.comm.topology import Topology
 from gpusim.errors import GpusimError, OutOfMemory
-from gpusim.estimate import mfu_peak, simulate_parallel_step
+from gpusim.estimation import mfu_peak, simulate_parallel_step
 from gpusim.hardware.calibration import calibration_for
 from gpusim.plan.job import (
     AUTO_PRECISION,

@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any, Literal, TextIO
 
 from gpusim.errors import GpusimError, InvalidConfig, MissingDependency, OutOfMemory
-from gpusim.estimate import estimate, resolve_model
+from gpusim.estimation import estimate, resolve_model
 from gpusim.explore import values
 from gpusim.hardware.catalog import load_device
 from gpusim.hardware.profile import DeviceProfile
@@ -381,7 +381,7 @@ def sweep(base: Mapping[str, Any], vary: Mapping[str, Sequence[Any]], *,
           progress: Progress | None = None, max_points: int = MAX_POINTS) -> SweepResult:
     """Estimate every combination of ``vary`` (name -> values) on top of ``base``.
 
-    Names are keywords of ``gpusim.estimate.estimate`` or ``gpu.FIELD`` profile fields (see
+    Names are keywords of ``gpusim.estimation.estimate`` or ``gpu.FIELD`` profile fields (see
     ``gpusim.explore.values``). With ``out`` (.csv, .json or .jsonl) each point is written as
     it finishes, and a rerun with the same ``out`` skips the points it holds (matched by
     their varied values, so change ``out`` when you change a fixed setting).

@@ -1,6 +1,6 @@
 """What a sweep can vary, and how its values are written.
 
-A name is a keyword of ``gpusim.estimate.estimate``, found by inspecting its signature so that
+A name is a keyword of ``gpusim.estimation.estimate``, found by inspecting its signature so that
 keywords it gains later can be swept with no change here, or ``gpu.FIELD``: a numeric field of
 the device profile (``gpu.memory_bandwidth_gb_s``), or one entry of a per-precision table
 (``gpu.matrix_tflops.bf16``).

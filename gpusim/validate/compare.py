@@ -17,7 +17,7 @@ from typing import Any
 
 from gpusim import units
 from gpusim.errors import GpusimError, InvalidMeasurement
-from gpusim.estimate import simulate_step
+from gpusim.estimation import simulate_step
 from gpusim.hardware.calibration import Calibration, calibration_for
 from gpusim.hardware.catalog import catalog
 from gpusim.hardware.profile import DeviceProfile

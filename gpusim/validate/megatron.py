@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpusim.comm.topology import Topology
-from gpusim.estimate import simulate_parallel_step
+from gpusim.estimation import simulate_parallel_step
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob, Schedule
 from gpusim.report import StepResult
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer

@@ -22,7 +22,7 @@ import yaml
 
 from gpusim.data import data_dir
 from gpusim.errors import GpusimError
-from gpusim.estimate import build_job
+from gpusim.estimation import build_job
 from gpusim.explore.values import with_fields
 from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile

@@ -19,7 +19,7 @@ import yaml
 
 from gpusim.data import data_dir
 from gpusim.errors import GpusimError
-from gpusim.estimate import estimate
+from gpusim.estimation import estimate
 from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
