@@ -39,8 +39,11 @@ def _job(stack: Stack, checkpointing: str = "full", precision: str = "bf16") -> 
                             activation="swiglu", positions="rotary", tied_embeddings=False,
                             bias=False)
     model = apply_stack(build_transformer(cfg), stack)
-    split = ParallelConfig(tensor=T, data=1, microbatch_size=N, sequence_parallel=True)
-    return ParallelJob(model, Topology.build("dgx-h100", T), N, split,
+    # FSDP beside TP, as torchtitan runs it: its mixed precision comes with FSDP (a TP-only
+    # torchtitan job would train in fp32)
+    split = ParallelConfig(tensor=T, data=2, microbatch_size=N, sequence_parallel=True,
+                           zero=3)
+    return ParallelJob(model, Topology.build("dgx-h100", 2 * T), 2 * N, split,
                        precision, "adamw", checkpointing, stack=stack)  # type: ignore[arg-type]
 
 
@@ -291,3 +294,11 @@ def test_a_checkpointed_block_keeps_the_sequence_shard_it_reads() -> None:
                        sequence_parallel=True)
     kinds = gpusim.memory_report(job).activations_by_kind
     assert kinds["checkpointed block input"] == 32 * 8192 * 4096 * 2 / 8
+
+
+def test_dtensor_tensor_parallelism_keeps_fsdp2s_fp32_shards_not_master_copies() -> None:
+    """torchtitan's TP composes with FSDP2's mixed precision: fp32 shards gathered in bf16,
+    no 16-bit weights with fp32 master copies (Megatron-LM's, which its TP style keeps)."""
+    titan, megatron = _stacks()
+    assert not _job(titan).master_weights and _job(titan).fsdp
+    assert _job(megatron).master_weights

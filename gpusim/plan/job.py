@@ -97,6 +97,9 @@ class TrainingJob:
     fp8_recipe: str = "tensorwise"  # with precision fp8: how scales are found (workload/fp8.py)
     optimizer_in_backward: bool = False  # each parameter stepped as its gradient arrives
     offload_activations: bool = False  # saved activations kept in host memory until backward
+    # Tensor-parallel ranks a stage's layers are split over (a ParallelJob's stage jobs; 1 for
+    # one device): with a dtensor stack, whether the loss runs under loss_parallel
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:

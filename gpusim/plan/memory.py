@@ -257,18 +257,20 @@ def _input_elements(layer: Layer) -> int:
 
 def _loss_transient(layer: CrossEntropy, job: TrainingJob, num: Numerics) -> float:
     """The loss's backward buffers: PyTorch's two logits-sized gradients; under tensor
-    parallelism (gpusim runs the loss vocabulary-parallel where the job has
-    ``master_weights``), Megatron-LM's loss, which turns its kept fp32 softmax into the
-    gradient in place (megatron/core/tensor_parallel/cross_entropy.py, backward) and
-    allocates only the cast back to the logits' type, or PyTorch's loss_parallel (a stack
-    whose ``tensor_parallel`` is dtensor), whose fused backward
+    parallelism with a dtensor stack, PyTorch's loss_parallel, whose fused backward
     (torch/distributed/tensor/parallel/loss.py, _nll_loss_and_log_softmax_backward) fills
     zeros_like(log-probabilities), then computes (that + exp(log-probabilities)) times the
     loss gradient: three tensors of the logits shard, in the loss's type, alive at once
-    beside the kept log-probabilities, where PyTorch's own cross-entropy has two."""
-    if job.master_weights and not layer.fused:
-        if job.framework.tensor_parallel == "dtensor":
-            return 1.5 * layer.transient_bytes(job.microbatch_size, num)
+    beside the kept log-probabilities, where PyTorch's own cross-entropy has two; where the
+    job has Megatron-LM's ``master_weights``, Megatron-LM's vocabulary-parallel loss, which
+    turns its kept fp32 softmax into the gradient in place
+    (megatron/core/tensor_parallel/cross_entropy.py, backward) and allocates only the cast
+    back to the logits' type."""
+    if layer.fused:
+        return layer.transient_bytes(job.microbatch_size, num)
+    if job.framework.tensor_parallel == "dtensor" and job.tensor_parallel > 1:
+        return 1.5 * layer.transient_bytes(job.microbatch_size, num)
+    if job.master_weights:
         n = job.microbatch_size
         cast = layer.upcast and num.act_bytes < DTYPE_BYTES["fp32"]
         return float(n * layer.rows * layer.classes * num.act_bytes) if cast else 0.0

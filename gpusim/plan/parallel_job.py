@@ -279,6 +279,13 @@ class ParallelJob:
             return False    # NeMo AutoModel and torchtune pipeline it so)
         if self.stack is not None and self.stack.weights == "master":
             return True
+        if (self.stack is not None and self.stack.tensor_parallel == "dtensor"
+                and self.parallel.pipeline == 1):
+            # PyTorch's parallel styles compose with FSDP2's mixed precision: fp32 shards
+            # gathered in the compute type, no 16-bit weights with master copies. (Under
+            # pipeline stages FSDP2 keeps each stage's 16-bit weights gathered through the
+            # step, reshard_after_forward off, beside its fp32 shards: as master copies are.)
+            return False
         return self.parallel.tensor > 1 or self.parallel.pipeline > 1
 
     @property
@@ -315,7 +322,8 @@ class ParallelJob:
                            input_requires_grad=not first, fsdp=self.fsdp,
                            pure_bf16=self.pure_bf16, stack=self.stack,
                            offload=self.offload, quantized_base=self.quantized_base,
-                           adapters_only=self.adapters_only, fp8_recipe=self.fp8_recipe)
+                           adapters_only=self.adapters_only, fp8_recipe=self.fp8_recipe,
+                           tensor_parallel=self.parallel.tensor)
 
     @cached_property
     def model_flops_per_sample(self) -> float:
