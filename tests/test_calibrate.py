@@ -146,3 +146,11 @@ def test_a_measurement_path_must_be_a_small_regular_file(tmp_path: Path) -> None
         f.truncate(results.LARGEST_FILE + 1)  # sparse: no disk used
     with pytest.raises(InvalidMeasurement, match="far larger"):
         results.load(huge)
+
+
+def test_a_bound_from_another_device_is_refused_by_name() -> None:
+    """--bound-by takes searched maxima of the device the fit measures, not another's."""
+    root = results.measurements_dir()
+    with pytest.raises(InvalidMeasurement, match="--bound-by"):
+        fit.fit([root / "h100-sxm" / "micro.json"],
+                bound_by=[root / "published" / "a100-80gb" / "micro.json"])

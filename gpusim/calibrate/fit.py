@@ -336,8 +336,10 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
     paths = list(path) if isinstance(path, list) else [path]
     runs = _load_runs(paths)
     bounds = _load_runs(list(bound_by or []))
-    if {r["device"] for r in bounds} - {r["device"] for r in runs}:
-        raise InvalidMeasurement("--bound-by files must be of the device the fit measures")
+    others = sorted({r["device"] for r in bounds} - {r["device"] for r in runs})
+    if others:
+        raise InvalidMeasurement(f"--bound-by files must be of the device the fit measures "
+                                 f"({runs[0]['device']}), not {', '.join(others)}")
     data = runs[-1]
     if device is None:
         found = catalog().find(data["device"])
