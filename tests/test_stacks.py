@@ -375,11 +375,11 @@ def test_a_model_held_in_bf16_keeps_no_master_copy_under_pipeline_parallelism() 
         assert not job.master_weights and job.pure_bf16
 
 
-def testtorchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:
+def test_torchtitan_pipelines_a_local_batch_as_its_defaults_say() -> None:
     """torchtitan @9dec370 (pipelining_utils.py) splits the local batch into as many
     microbatches as pipeline stages and, given no split points, deals 126 blocks over 8
     stages as 15, 16 x 6, 15 (two stages a rank under Interleaved 1F1B: 7, 8 x 14, 7)."""
-    from gpusim.validate.published_memory import torchtitan_pipeline
+    from gpusim.validate.torchtitan import torchtitan_pipeline
 
     assert torchtitan_pipeline({"pp_schedule": "1F1B"}, 8, 32, 126) == (
         32, 4, "1f1b", 1, (15, 16, 16, 16, 16, 16, 16, 15))

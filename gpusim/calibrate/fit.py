@@ -187,8 +187,8 @@ def _spans_the_knee(cases: list[dict[str, Any]]) -> bool:
     sides of the inner-dimension knee, enough of them to fit how the rate falls past it
     (see GemmCalibration.long_k_slope)."""
     knee: int = GemmCalibration.model_fields["long_k_knee"].default
-    long: list[int] = [c["k"] for c in cases if c["precision"] in TENSOR_CORE_MATH
-            and c["median_s"] >= SHORT_KERNEL_S]
+    long: list[int] = [c["k"] for c in cases
+                       if c["precision"] in TENSOR_CORE_MATH and c["median_s"] >= SHORT_KERNEL_S]
     return (sum(k > knee for k in long) >= LONG_K_MIN_CASES
             and sum(k <= knee for k in long) >= LONG_K_MIN_CASES)
 

@@ -107,13 +107,15 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                 eff *= attention_tiling(op.attention)
         if op.gemm is not None and isinstance(device, GPUProfile):
             eff *= quantization_efficiency(op.gemm, device, cal)
-            if op.kind == "gemm" and not op.gemm.aligned(DTYPE_BYTES.get(op.math, 4)):
-                eff *= cal.gemm.misaligned_factor.get(op.math, 1.0)
-            slope = cal.gemm.long_k_slope.get(op.math, 0.0)
-            if op.kind == "gemm" and slope and op.gemm.k > cal.gemm.long_k_knee:
-                eff *= (cal.gemm.long_k_knee / op.gemm.k) ** slope
-            if op.kind == "gemm" and op.gemm.layout != "nn":
-                eff *= cal.gemm.layout_factors.get(op.gemm.layout, 1.0)  # type: ignore[call-overload]
+            if op.kind == "gemm":
+                g = cal.gemm
+                if not op.gemm.aligned(DTYPE_BYTES.get(op.math, 4)):
+                    eff *= g.misaligned_factor.get(op.math, 1.0)
+                slope = g.long_k_slope.get(op.math, 0.0)
+                if slope and op.gemm.k > g.long_k_knee:
+                    eff *= (g.long_k_knee / op.gemm.k) ** slope
+                if op.gemm.layout != "nn":
+                    eff *= g.layout_factors.get(op.gemm.layout, 1.0)  # type: ignore[call-overload]
         compute_s = op.flops / (peak * eff * _clock_factor(device, cal))
         ramp = units.us(cal.gemm.ramp_us)
     bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"

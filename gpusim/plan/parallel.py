@@ -471,7 +471,7 @@ def _chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[
     out: list[Costed] = []
     copies_out = stage_job.fsdp and stage_job.framework.fsdp == "per_parameter"
     unit_params: dict[str, int] = defaultdict(int)
-    for la in layers:
+    for la in layers if copies_out else ():
         unit_params[la.block or la.name] += la.params
     gathered: dict[str, str] = {}  # pass ("forward", "backward") -> the unit gathered last
     for i, kind in microbatch_steps(stage_job):

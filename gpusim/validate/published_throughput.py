@@ -24,7 +24,7 @@ from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
 from gpusim.stack import Stack, load_stack
-from gpusim.validate.published_memory import torchtitan_pipeline
+from gpusim.validate.torchtitan import torchtitan_pipeline
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer

@@ -1,0 +1,28 @@
+"""How torchtitan pipelines a local batch when a published run leaves it unstated: the
+defaults of its pipeline code, at the commit its published benchmarks ran."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def torchtitan_pipeline(t: dict[str, Any], pp: int, local: int, layers: int
+                         ) -> tuple[int, int, str, int, tuple[int, ...]]:
+    """(local batch, microbatch, schedule, stages per rank, blocks per stage) as torchtitan
+    @9dec370 pipelines a local batch: torchtitan/parallelisms/pipelining_utils.py splits it
+    into pipeline_parallel_microbatches (by default the pipeline degree), gives a
+    multi-stage schedule (Interleaved 1F1B) two stages per rank, and, with no split points,
+    generate_split_points deals the layers: the first stage the base count, the middle ones
+    one more while the remainder lasts, the last what is left."""
+    stated = t.get("pp_microbatches")
+    count = stated if isinstance(stated, int) else pp
+    interleaved = "interleaved" in str(t.get("pp_schedule", "")).lower()
+    stages = pp * (2 if interleaved else 1)
+    base, extra = divmod(layers, stages)
+    split = [base]
+    for _ in range(stages - 2):
+        split.append(base + 1 if extra > 0 else base)
+        extra -= 1 if extra > 0 else 0
+    split.append(layers - sum(split))
+    return (local, local // count, "interleaved" if interleaved else "1f1b",
+            2 if interleaved else 1, tuple(split))
