@@ -88,3 +88,18 @@ def test_layer_errors_are_summarised_by_kind() -> None:
     rows, error, _ = kinds[("linear", "backward")]
     assert rows > 100 and -0.5 < error < 0.5
     assert report.to_dict()["layer_kinds"]
+
+
+def test_a_layer_timed_alone_waits_for_its_backward_call() -> None:
+    """The suites time a layer's backward as one backward() from an idle GPU: nothing runs
+    before the autograd engine has started, so a device-heavy layer takes that call's host
+    time plus its kernels; a host-heavy one its host time; a looped call the slower side."""
+    from gpusim.validate.compare import LayerTiming
+
+    heavy = LayerTiming(((200e-6, 600e-6), (20e-6, 300e-6)), lead_s=120e-6)
+    assert heavy.seconds(True, looped=False) == pytest.approx(1020e-6)
+    assert heavy.seconds(True, looped=True) == pytest.approx(900e-6)
+    light = LayerTiming(((200e-6, 10e-6), (20e-6, 5e-6)), lead_s=120e-6)
+    assert light.seconds(True, looped=False) == pytest.approx(340e-6)
+    assert light.seconds(True, looped=False, first_host_s=50e-6) == pytest.approx(390e-6)
+    assert light.seconds(False, looped=False) == pytest.approx(355e-6)  # a CPU: in turn

@@ -398,3 +398,24 @@ def test_a_bf16_stack_says_why_it_needs_bf16() -> None:
     with pytest.raises(InvalidConfig, match="nemo-automodel stack holds the model in bf16"):
         build_job("llama3-8b", "h100-sxm", 8, precision="fp8", seq_len=2048,
                   stack="nemo-automodel")
+
+
+def test_mid_2025_torchtitan_pages_run_on_their_own_stack() -> None:
+    """torchtitan's June 2025 pages (async TP, H200) and torchao's August 2025 runs ran
+    nn.RMSNorm and a compiled loss with K/V still repeated: neither the 2024 stack (upcast
+    norms, eager loss) nor today's (grouped K/V, gradients kept)."""
+    from gpusim.validate import published_throughput as pt
+
+    mid = load_stack("torchtitan-2025")
+    assert (mid.rms_norm, mid.kv_heads, mid.compile_loss, mid.zero_grad) == \
+        ("fused", "expanded", True, "to_none")
+    rows = {c["id"]: c for c in pt.load_cases()}
+    assert pt.job_of(rows["torchtitan_llama31_8b_h200x32_fsdp32_compile_float8"])[0][
+        "stack"] == "torchtitan-2025"
+    assert pt.job_of(rows["torchtitan_llama31_8b_h100x8_fsdp_sac_compile"])[0][
+        "stack"] == "torchtitan-2024"
+    cases = {c.id: c for c in load_cases()}
+    for case in ("torchao_float8_llama3_8b_b200_fsdp8_sac_compile_bf16",
+                 "torchao_float8_llama3_8b_mi300x_fsdp8_sac_compile_bf16"):
+        assert cases[case].job is not None, cases[case].skipped  # B200 and MI300X modelled
+        assert cases[case].job.stack.name == "torchtitan-2025"

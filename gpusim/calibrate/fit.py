@@ -35,6 +35,7 @@ from gpusim.calibrate.micro_ops import (
     kernel_timed,
     layer_host_job,
     layer_host_times,
+    looped_case,
     numerics,
     predict,
 )
@@ -44,7 +45,7 @@ from gpusim.hardware.catalog import catalog, profiles_dir
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
 from gpusim.plan.lower import layer_kind
-from gpusim.validate.compare import layer_seconds
+from gpusim.validate.compare import LayerTiming
 from gpusim.workload.layers import batch_norm
 from gpusim.workload.ops import DTYPE_BYTES, TENSOR_CORE_MATH, GemmShape
 
@@ -518,23 +519,23 @@ def _fit_layer_host(cal: dict[str, Any], cases: list[dict[str, Any]],
     bare = copy.deepcopy(cal)
     bare["overhead"]["layer_us"], bare["overhead"]["layer_backward_us"] = {}, {}
     base = Calibration.model_validate(bare)
-    by_kind: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    by_kind: dict[tuple[str, str], list[tuple[LayerTiming, bool, float]]] = {}
     kinds: dict[str, dict[str, str]] = {}
     for c in cases:
-        host, dev = layer_host_times(c, device, base)
+        timing = layer_host_times(c, device, base)
         spec = json.dumps(c["model"], sort_keys=True)
         if spec not in kinds:
             model = layer_host_job(c, device).model
             kinds[spec] = {la.name: layer_kind(la) for la in model.layers}
         layer, phase = c["pass"].rsplit("/", 1)
         kind = kinds[spec][layer]
-        by_kind.setdefault((kind, phase), []).append((host, dev, c["median_s"]))
+        by_kind.setdefault((kind, phase), []).append((timing, looped_case(c), c["median_s"]))
     params = {}
     for (kind, phase), rows in sorted(by_kind.items()):
-        def score(us: float, rows: list[tuple[float, float, float]] = rows) -> float:
+        def score(us: float, rows: list[tuple[LayerTiming, bool, float]] = rows) -> float:
             return statistics.fmean(
-                abs(math.log(layer_seconds(h + us * 1e-6, d, device.is_gpu) / m))
-                for h, d, m in rows)
+                abs(math.log(t.seconds(device.is_gpu, looped, us * 1e-6) / m))
+                for t, looped, m in rows)
         key = "layer_us" if phase == "forward" else "layer_backward_us"
         value = _search(*_RANGE["us"][:2], score, True)
         cal["overhead"][key][kind] = value

@@ -26,7 +26,7 @@ from gpusim.hardware.catalog import catalog, host_link
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import OPTIMIZER_PASSES, pass_ops
-from gpusim.validate.compare import isolated_layer_times, layer_seconds
+from gpusim.validate.compare import LayerTiming, isolated_layer_times
 from gpusim.workload.attention import Attention
 from gpusim.workload.formats import model_from_spec
 from gpusim.workload.layers import (
@@ -172,20 +172,25 @@ def layer_host_job(case: dict[str, Any], device: DeviceProfile) -> TrainingJob:
 
 @lru_cache(maxsize=64)
 def _layer_times(spec: str, batch: int, precision: str, device: str,
-                 cal: str) -> dict[tuple[str, str], tuple[float, float]]:
+                 cal: str) -> dict[tuple[str, str], LayerTiming]:
     job = layer_host_job({"model": json.loads(spec), "batch_size": batch,
                           "precision": precision}, catalog().find(device))  # type: ignore[arg-type]
     return isolated_layer_times(job, Calibration.model_validate_json(cal))
 
 
 def layer_host_times(case: dict[str, Any], device: DeviceProfile,
-                     cal: Calibration) -> tuple[float, float]:
-    """(host, device) seconds of the layer and phase a layer_host case timed (one lowering
-    of the tiny model per calibration, cached)."""
+                     cal: Calibration) -> LayerTiming:
+    """The kernels of the layer and phase a layer_host case timed (one lowering of the
+    tiny model per calibration, cached)."""
     layer, phase = case["pass"].rsplit("/", 1)
     times = _layer_times(json.dumps(case["model"], sort_keys=True), case["batch_size"],
                          case["precision"], device.name, cal.model_dump_json())
     return times[(layer, phase)]
+
+
+def looped_case(case: dict[str, Any]) -> bool:
+    """Whether a case's call was timed in a loop (``inner`` calls a sample), not alone."""
+    return int(case.get("inner", 1)) > 1
 
 
 def kernel_timed(case: dict[str, Any]) -> bool:
@@ -198,7 +203,7 @@ def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> fl
     """Seconds gpusim predicts for one micro case under calibration ``cal``."""
     kind = case["kind"]
     if kind == "layer_host":
-        return layer_seconds(*layer_host_times(case, device, cal), device.is_gpu)
+        return layer_host_times(case, device, cal).seconds(device.is_gpu, looped_case(case))
     if kind == "optimizer":
         return _optimizer_step(case, device, cal)
     if kind == "dispatch":

@@ -174,10 +174,41 @@ class DeviceReport:
         }
 
 
+@dataclass(frozen=True)
+class LayerTiming:
+    """One layer's phase run alone, as the suites time it: its kernels' (host, device)
+    seconds in launch order, and the host time before the first (the backward() call)."""
+
+    kernels: tuple[tuple[float, float], ...]
+    lead_s: float = 0.0
+
+    @property
+    def host_s(self) -> float:
+        return self.lead_s + sum(h for h, _ in self.kernels)
+
+    @property
+    def device_s(self) -> float:
+        return sum(d for _, d in self.kernels)
+
+    def seconds(self, on_gpu: bool, looped: bool, first_host_s: float = 0.0) -> float:
+        """Seconds a timed call takes (``first_host_s`` more host time: the layer's own).
+        On a CPU host and kernels take turns. On a GPU a call repeated in a loop runs at
+        the pace of the slower side. A call timed alone from an idle GPU (the suites'
+        backward: synchronized, then one backward()) cannot start the device before the
+        call itself has run (``lead_s``, the autograd engine's start); the rest of the
+        host's work overlaps the kernels."""
+        if not on_gpu:
+            return self.host_s + first_host_s + self.device_s
+        host = self.host_s + first_host_s
+        if looped:
+            return max(host, self.device_s)
+        return max(host, self.lead_s + self.device_s)
+
+
 def isolated_layer_times(job: TrainingJob, cal: Calibration | None = None
-                         ) -> dict[tuple[str, str], tuple[float, float]]:
-    """(layer, phase) -> (host seconds, device seconds) of each layer run alone, as the
-    suites time layers: forward in a loop, backward as its own backward() call."""
+                         ) -> dict[tuple[str, str], LayerTiming]:
+    """(layer, phase) -> the layer's phase run alone, as the suites time layers: forward
+    in a loop, backward as its own backward() call."""
     plan = lower(job, cal)
     by_layer: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
     for k in plan.microbatch:
@@ -186,19 +217,10 @@ def isolated_layer_times(job: TrainingJob, cal: Calibration | None = None
     # backward pass; alone, every layer's backward pays it.
     first_backward = next((k.layer for k in plan.microbatch if k.phase == "backward"), "")
     call_s = units.us(plan.calibration.overhead.backward_call_us)
-    out = {}
-    for (layer, phase), kernels in by_layer.items():
-        host = sum(k.host_s for k in kernels)
-        if phase == "backward" and layer != first_backward:
-            host += call_s
-        out[(layer, phase)] = (host, sum(k.device_s for k in kernels))
-    return out
-
-
-def layer_seconds(host: float, device: float, on_gpu: bool) -> float:
-    """A layer's kernels in a timed loop (as cost.kernels.loop_seconds): on a GPU the
-    host runs ahead and the slower side sets the pace; on a CPU they take turns."""
-    return max(host, device) if on_gpu else host + device
+    return {(layer, phase): LayerTiming(
+                tuple((k.host_s, k.device_s) for k in kernels),
+                call_s if phase == "backward" and layer != first_backward else 0.0)
+            for (layer, phase), kernels in by_layer.items()}
 
 
 def _layer_rows(job: TrainingJob, case: dict[str, Any],
@@ -208,10 +230,11 @@ def _layer_rows(job: TrainingJob, case: dict[str, Any],
     rows = []
     for measured in case.get("layers", []):
         for phase in ("forward", "backward"):
-            if phase in measured and (measured["layer"], phase) in times:
-                host, device = times[(measured["layer"], phase)]
+            key = (measured["layer"], phase)
+            if phase in measured and key in times:
+                looped = measured[phase].get("inner", 1) > 1
                 rows.append(LayerRow(measured["layer"], phase,
-                                     layer_seconds(host, device, job.device.is_gpu),
+                                     times[key].seconds(job.device.is_gpu, looped),
                                      measured[phase]["median_s"],
                                      kinds.get(measured["layer"], "")))
     return rows

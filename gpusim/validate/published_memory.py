@@ -43,6 +43,7 @@ GPUS: list[tuple[str, str, float | None]] = [
     ("A100 80GB", "a100-80gb", None), ("A800", "a100-80gb", None),
     ("V100-SXM2 16GB", "v100-sxm2-16gb", None), ("A10G", "a10", None),
     ("H100 SXM5 80GB", "h100-sxm", None), ("A100 40GB", "a100-40gb", None),
+    ("MI300X", "mi300x", None), ("B200", "b200", None),
 ]
 RECOMPUTE = {"selective(op)": "per-op", "megatron-selective": "selective", "none": "none"}
 # The framework a source names -> the stack that writes its layers (stacks/). ms-swift's
@@ -55,7 +56,11 @@ STACKS = [("transformers (aug 2022)", "hf-transformers-2022"),
           ("torchtitan @9dec370", "torchtitan-2024"),
           # torchtitan 0.0.2 beside torch 2.7.0a0 and torchao 0.10 dev builds: early 2025,
           # before its loss was compiled (bbb1b616e, 2025-04-02)
-          ("torchtitan 0.0.2", "torchtitan-2024"), ("torchtitan", "torchtitan")]
+          ("torchtitan 0.0.2", "torchtitan-2024"),
+          # torchtitan of June to August 2025 (its async-TP and H200 pages, torchao's B200
+          # and MI300X runs): nn.RMSNorm and a compiled loss, K/V still repeated
+          ("torchtitan @e7c0cae", "torchtitan-2025"), ("torchtitan @6fc499f6", "torchtitan-2025"),
+          ("torchtitan @2c8b5947", "torchtitan-2025"), ("torchtitan", "torchtitan")]
 
 
 @dataclass(frozen=True)

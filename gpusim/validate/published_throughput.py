@@ -33,6 +33,8 @@ CASES_FILE = data_dir("published") / "throughput.yaml"
 # More cases, collected later: mixtures of experts (Megatron-Bridge, Megatron-MoE-ModelZoo,
 # NeMo AutoModel on H100) and dense runs on AMD MI300X and MI325X.
 MORE_CASES_FILE = data_dir("published") / "throughput_more.yaml"
+# torchtitan commits of mid 2025 (stacks/torchtitan-2025.yaml) that published pages ran at
+TORCHTITAN_2025 = ("820504e", "e7c0cae")
 RECOMPUTE = {"selective-op": "per-op", "full": "full", "none": "none"}
 
 
@@ -124,7 +126,10 @@ def _not_modelled(case: dict[str, Any]) -> str:
 def _stack(case: dict[str, Any]) -> str:
     source = str(case["source"]["url_or_repo_path"])
     if "torchtitan" in source:
-        return "torchtitan-2024"
+        # the commit the page ran at: 2025's (June: async TP, H200) or December 2024's
+        framework = str(case["framework"])
+        return "torchtitan-2025" if any(c in framework for c in TORCHTITAN_2025) \
+            else "torchtitan-2024"
     if "Megatron" in source:
         return "megatron"
     if "llm-foundry" in source:
