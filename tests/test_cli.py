@@ -353,3 +353,18 @@ def test_channels_last_drops_the_transposes_around_convolutions(
                  "--channels-last", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert any("channels-last (NHWC)" in a for a in data["assumptions"])
+
+
+def test_a_command_imports_its_own_module_only() -> None:
+    """`gpusim estimate` builds the estimate parser alone (the other commands' modules cost a
+    third of a second); no command, or a misspelt one, builds them all; the table of
+    commands names what each module handles."""
+    from gpusim.cli.app import COMMANDS, command_modules
+
+    assert [m.__name__ for m in command_modules(["memory", "--model", "x"])] == \
+        ["gpusim.cli.estimate"]
+    every = command_modules([])
+    assert [m.__name__ for m in every] == [f"gpusim.cli.{name}" for name in COMMANDS]
+    assert len(command_modules(["estimat"])) == len(COMMANDS)
+    for module, names in zip(every, COMMANDS.values(), strict=True):
+        assert tuple(module.HANDLERS) == names

@@ -6,26 +6,23 @@ Domain errors (unknown names, bad files, jobs that do not fit) print one line an
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import NoReturn
 
-from gpusim.cli import (
-    compare,
-    estimate,
-    kernel,
-    models,
-    profiles,
-    scaling,
-    search,
-    sweep,
-    validation,
-)
 from gpusim.errors import GpusimError, OutOfMemory
 
-# In the order `gpusim --help` lists them.
-COMMANDS = (estimate, profiles, models, validation, sweep, search, compare, scaling, kernel)
+# The command modules of gpusim.cli, in the order `gpusim --help` lists them, and the
+# commands each handles (its HANDLERS). A command imports its own module only: the others
+# (the sweep, search and comparison machinery, the measurement runner) cost a third of a
+# second that a single estimate need not pay.
+COMMANDS = {"estimate": ("estimate", "memory"), "profiles": ("profiles",),
+            "models": ("models",), "validation": ("measure", "calibrate", "validate"),
+            "sweep": ("sweep",), "search": ("search",), "compare": ("compare",),
+            "scaling": ("scaling",), "kernel": ("kernel",)}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,21 +33,32 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def parser() -> argparse.ArgumentParser:
+def command_modules(argv: Sequence[str] | None = None) -> list[ModuleType]:
+    """The command modules ``argv`` needs: the named command's alone, or every one (no
+    command named, as for ``gpusim --help``, or one misspelt, for argparse to list)."""
+    named = next((a for a in argv or () if not a.startswith("-")), None)
+    wanted = [module for module, names in COMMANDS.items() if named in names] or list(COMMANDS)
+    return [importlib.import_module(f"gpusim.cli.{module}") for module in wanted]
+
+
+def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``argv``'s command (of every command when ``argv`` is None)."""
     p = _Parser(
         prog="gpusim",
         description="Predict deep-learning training time and cost on GPUs and CPUs.",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
+    for command in command_modules(argv):
         command.add_parsers(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    modules = command_modules(argv)
+    args = parser(argv).parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
-        name: handler for command in COMMANDS for name, handler in command.HANDLERS.items()}
+        name: handler for command in modules for name, handler in command.HANDLERS.items()}
     try:
         return handlers[args.command](args)
     except BrokenPipeError:
