@@ -9,6 +9,7 @@ import pytest
 from gpusim.cli import main
 from gpusim.errors import InvalidConfig
 from gpusim.estimation import build_job, estimate
+from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelJob
 from gpusim.plan.stage_memory import stage_memory
@@ -205,3 +206,45 @@ def test_a_transformer_of_experts_from_the_command_line(
     assert main(["estimate", "--model", "transformer", *dims, "--gpu", "h100-sxm",
                  "--batch-size", "8", "--num-gpus", "8", "--ep", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["breakdown_s"]["expert_parallel_comm"] > 0
+
+
+def test_megatron_recompute_modules_rerun_the_norm_and_activation_they_discard(
+        h100: GPUProfile) -> None:
+    """--recompute selective:layernorm+moe_act, as Megatron-Bridge's MoE recipes run it: the
+    norm before each mixture of experts and the experts' activation give up their outputs
+    and run again as the experts' backward starts; nothing else re-runs, nothing is
+    exchanged again, and exactly those outputs leave the kept activations."""
+    from gpusim.plan.autocast import layer_precisions
+    from gpusim.plan.job import TrainingJob
+    from gpusim.plan.lower import microbatch_ops, microbatch_steps
+    from gpusim.plan.memory import activations_by_layer
+    from gpusim.plan.recompute import parse_recompute
+
+    assert parse_recompute("Selective:moe_act+layernorm") == "selective:layernorm+moe_act"
+    assert parse_recompute("selective:core_attn") == "selective"
+    with pytest.raises(InvalidConfig, match="moe_act"):
+        parse_recompute("selective:mlp")
+    model = _small_moe()
+    base = TrainingJob(model, h100, 4, "bf16")
+    job = TrainingJob(model, h100, 4, "bf16", checkpointing="selective:layernorm+moe_act")
+    layers = model.layers
+    rerun = [layers[i].name for i, kind in microbatch_steps(job) if kind == "recompute"]
+    moes = [la for la in layers if isinstance(la, MoE)]
+    assert len(rerun) == 2 * len(moes)
+    assert all(name.endswith(("norm2", "moe")) for name in rerun), rerun
+    extra = [op.name for op in microbatch_ops(job) if op.phase == "recompute"]
+    assert {name.rsplit(".", 1)[-1] for name in extra} <= {"act", "fwd"}
+    kept_none, _ = activations_by_layer(base)
+    kept, rerun_bytes = activations_by_layer(job)
+    n, num = job.microbatch_size, layer_precisions(job)
+    dropped = sum(n * moe.rows * moe.hidden * num[moe.name].numerics.act_bytes
+                  + moe.activation_bytes(n, num[moe.name].numerics) for moe in moes)
+    assert sum(kept_none.values()) - sum(kept.values()) == pytest.approx(dropped)
+    assert rerun_bytes > 0
+    # under expert parallelism, the activation's re-run exchanges nothing
+    kw = {"model": model, "gpu": "h100-sxm", "batch_size": 64, "num_gpus": 8, "ep": 8,
+          "microbatch_size": 1, "precision": "bf16"}
+    plain = estimate(**kw).step.breakdown_s
+    discarding = estimate(**kw, checkpointing="selective:moe_act").step.breakdown_s
+    assert discarding["expert_parallel_comm"] == pytest.approx(plain["expert_parallel_comm"])
+    assert discarding["recompute"] > 0 == plain["recompute"]

@@ -34,10 +34,16 @@ from gpusim.plan.autocast import (
 )
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.offload import offload_seconds
-from gpusim.plan.recompute import checkpointed_blocks, policy_saved
+from gpusim.plan.recompute import (
+    checkpointed_blocks,
+    policy_saved,
+    recomputed_norm,
+    selective_modules,
+)
 from gpusim.stack import runs_compiled
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
+from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
 
@@ -208,6 +214,7 @@ def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
     steps: list[tuple[int, StepKind]] = [(i, "forward") for i in range(len(layers))]
     recomputed: set[str] = set()
     checkpointed = checkpointed_blocks(job.checkpointing, job.model)
+    modules = selective_modules(job.checkpointing)
     for i in range(len(layers) - 1, max(first, 0) - 1, -1):
         layer = layers[i]
         block = layer.block
@@ -216,7 +223,13 @@ def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
             members = [j for j in range(i + 1) if layers[j].block == block]
             saved = policy_saved(job.checkpointing, [layers[j] for j in members])
             steps += [(j, "recompute") for j in members if layers[j].name not in saved]
-        if job.checkpointing == "selective" and isinstance(layer, Attention):
+        if "core_attn" in modules and isinstance(layer, Attention):
+            steps.append((i, "recompute"))
+        # output-discarding recompute: the input's norm and the experts' activation run
+        # again as the experts' backward starts
+        if i > 0 and recomputed_norm(layers[i - 1], layer, modules):
+            steps.append((i - 1, "recompute"))
+        if "moe_act" in modules and isinstance(layer, MoE):
             steps.append((i, "recompute"))
         if i > first:
             steps.append((i, "input_grad"))
@@ -230,7 +243,13 @@ def lower_step(layer: Layer, kind: StepKind, job: TrainingJob, prec: LayerPrecis
     """The kernels of one layer step (see microbatch_steps). ``traits``: the layer's
     _layer_traits, where the caller has them already."""
     weight_cast, compiled = _layer_traits(layer, job) if traits is None else traits
-    if kind in ("forward", "recompute"):
+    if kind == "recompute" and isinstance(layer, MoE) and selective_modules(job.checkpointing):
+        # moe_act: the experts' activation alone (the only recompute of a MoE a selective
+        # mode makes)
+        ops = [op.with_phase("recompute") for op in layer.forward(job.microbatch_size,
+                                                                   prec.numerics)
+               if op.name == f"{layer.name}.act"]
+    elif kind in ("forward", "recompute"):
         ops = _forward_ops(layer, job, prec, kind, weight_cast)
     elif kind == "input_grad":
         ops = [op.with_phase("backward") for op in _input_grad_ops(layer, job, prec)]

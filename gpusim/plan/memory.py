@@ -16,9 +16,15 @@ from gpusim import units
 from gpusim.plan.activation_offload import offload_split
 from gpusim.plan.autocast import LayerPrecision, casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
-from gpusim.plan.recompute import checkpointed_blocks, policy_kept_bytes
+from gpusim.plan.recompute import (
+    checkpointed_blocks,
+    policy_kept_bytes,
+    recomputed_norm,
+    selective_modules,
+)
 from gpusim.workload.attention import Attention, CrossEntropy
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
+from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES
 
@@ -216,11 +222,28 @@ def activations_by_layer(job: TrainingJob,
     mode = job.checkpointing
     if mode == "none":
         return own, 0.0
-    if mode == "selective":
+    modules = selective_modules(mode)
+    if modules:
         # Attention cores keep only their inputs and outputs; scores and softmax statistics
-        # are re-created in backward.
-        return {lay.name: lay.io_bytes(n, precision[lay.name].numerics)
-                if isinstance(lay, Attention) else own[lay.name] for lay in kept}, 0.0
+        # are re-created in backward (core_attn). A mixture of experts drops its input, the
+        # norm's output, where that norm re-runs (layernorm), and its experts' activations
+        # (moe_act); each is re-created as the experts' backward starts.
+        kept_by = dict(own)
+        rerun = 0.0
+        readers: list[Layer | None] = [*kept[1:], None]
+        for lay, after in zip(kept, readers, strict=True):
+            num = precision[lay.name].numerics
+            if "core_attn" in modules and isinstance(lay, Attention):
+                kept_by[lay.name] = lay.io_bytes(n, num)
+            if after is not None and recomputed_norm(lay, after, modules):
+                dropped = float(n * lay.out_elements * num.act_bytes)
+                kept_by[after.name] -= dropped
+                rerun = max(rerun, dropped)
+            if "moe_act" in modules and isinstance(lay, MoE):
+                dropped = lay.activation_bytes(n, num)
+                kept_by[lay.name] -= dropped
+                rerun = max(rerun, dropped)
+        return kept_by, rerun
     # A checkpointed block keeps its input (and what a per-op policy saves) and re-creates
     # the rest one block at a time; other layers keep what they save.
     checkpointed = checkpointed_blocks(mode, job.model)

@@ -49,11 +49,12 @@ from gpusim.plan.memory import (
 )
 from gpusim.plan.offload import offload_seconds
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.plan.recompute import selective_modules
 from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
 from gpusim.stack import Stack, runs_compiled
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
-from gpusim.workload.moe import ep_collectives
+from gpusim.workload.moe import MoE, ep_collectives
 from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
 
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
@@ -269,7 +270,10 @@ def _pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
     ep: list[float] = []
     # PyTorch's DTensor parallelism keeps a column layer's gathered input for backward
     kept = job.whole.framework.tensor_parallel == "dtensor"
+    selective = bool(selective_modules(job.checkpointing))
     for phase, name in passes:
+        if selective and phase == "recompute" and isinstance(layers[name], MoE):
+            continue  # moe_act re-runs the experts' activation alone: nothing to exchange
         gathered = DTYPE_BYTES["fp8"] if name in fp8 else None  # recompute gathers again
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
                                                        p.sequence_parallel, p.tp_overlap,

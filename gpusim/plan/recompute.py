@@ -14,6 +14,14 @@ what it runs again before a block's backward.
   so the alternation runs over gpusim's products for what re-runs (the 2nd and 4th: output
   and down projections, as in torchtitan's Llama) and memory keeps half of every product's
   output (torchtitan's Llama saves q, v, gate and down: within 10% of that half).
+- ``selective:M+M...`` is Megatron-LM's selective recompute of named modules
+  (``--recompute-modules``, megatron/core/transformer/transformer_config.py): ``core_attn``
+  as ``selective``; ``layernorm`` and ``moe_act`` by output-discarding checkpoints
+  (CheckpointWithoutOutput): the norm before a mixture of experts (Transformer Engine fuses
+  the others into the product after them, transformer_layer.py: only a norm that is not an
+  IdentityOp is recomputed) and the experts' activation drop their outputs after use and
+  run again at the start of their consumer's backward. ``selective`` is
+  ``selective:core_attn``, Megatron's default list.
 - ``full`` checkpoints every body block: it keeps the block's input and re-runs its whole
   forward (Megatron-LM's ``--recompute-granularity full``, torch.utils.checkpoint per block).
 - ``every-k:N`` checkpoints every N-th body block (the N-th, 2N-th, ...) fully and keeps
@@ -24,21 +32,36 @@ from __future__ import annotations
 
 from gpusim.errors import InvalidConfig
 from gpusim.workload.attention import Attention
-from gpusim.workload.layers import Layer, Linear
+from gpusim.workload.layers import Elementwise, Layer, Linear
 from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
 
-MODES: tuple[str, ...] = ("none", "selective", "per-op", "full", "every-k:N")
-HELP = ("activation recompute: none; selective (Megatron-LM: attention cores re-run); per-op "
-        "(PyTorch's op-policy checkpointing: matrix-product and attention outputs saved, the "
-        "rest re-run); full (each block re-runs); every-k:N (every N-th block re-runs)")
+MODES: tuple[str, ...] = ("none", "selective", "selective:M+M", "per-op", "full",
+                          "every-k:N")
+# Megatron-LM's --recompute-modules that gpusim models, in the order it writes them.
+SELECTIVE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act")
+HELP = ("activation recompute: none; selective (Megatron-LM: attention cores re-run); "
+        "selective:M+M (Megatron-LM's --recompute-modules, of core_attn, layernorm, moe_act: "
+        "e.g. selective:layernorm+moe_act); per-op (PyTorch's op-policy checkpointing: "
+        "matrix-product and attention outputs saved, the rest re-run); full (each block "
+        "re-runs); every-k:N (every N-th block re-runs)")
 
 
 def parse_recompute(text: str) -> str:
     """A recompute mode from what a user wrote ("every-k:2", "full", ...), checked."""
     mode = str(text).strip().lower()
-    if mode in MODES[:4]:
+    if mode in ("none", "selective", "per-op", "full"):
         return mode
+    if mode.startswith("selective:"):
+        named = [m.strip() for m in mode.split(":", 1)[1].split("+") if m.strip()]
+        unknown = [m for m in named if m not in SELECTIVE_MODULES]
+        if unknown or not named:
+            raise InvalidConfig(f"selective:M+M names Megatron-LM's recompute modules, of "
+                                f"{', '.join(SELECTIVE_MODULES)} (got {text!r}), e.g. "
+                                f"selective:layernorm+moe_act")
+        chosen = [m for m in SELECTIVE_MODULES if m in named]
+        return "selective" if chosen == ["core_attn"] else "selective:" + "+".join(chosen)
     if mode.startswith("every-k:"):
         value = mode.split(":", 1)[1]
         if not value.isdigit() or int(value) < 1:
@@ -48,9 +71,25 @@ def parse_recompute(text: str) -> str:
     raise InvalidConfig(f"unknown recompute mode {text!r}; use one of {', '.join(MODES)}")
 
 
+def selective_modules(mode: str) -> frozenset[str]:
+    """The modules a selective mode re-runs in backward (none for the other modes)."""
+    if mode == "selective":
+        return frozenset({"core_attn"})
+    if mode.startswith("selective:"):
+        return frozenset(mode.split(":", 1)[1].split("+"))
+    return frozenset()
+
+
+def recomputed_norm(layer: Layer, reader: Layer | None, modules: frozenset[str]) -> bool:
+    """Whether ``layer`` is a norm that ``layernorm`` recompute re-runs: one before a mixture
+    of experts (before a product, Transformer Engine fuses it into the product)."""
+    return ("layernorm" in modules and isinstance(layer, Elementwise)
+            and layer.op in ("layer_norm", "rms_norm") and isinstance(reader, MoE))
+
+
 def checkpointed_blocks(mode: str, model: Model) -> frozenset[str]:
     """Body blocks that the mode wraps in a checkpoint (their forward runs again)."""
-    if mode in ("none", "selective"):
+    if mode == "none" or mode.startswith("selective"):
         return frozenset()
     body = [block[0].block for block in model.partition()[1] if block[0].block]
     if mode.startswith("every-k:"):

@@ -239,9 +239,15 @@ def _recompute(t: dict[str, Any], flags: list[str], framework: str = "", model: 
     if text in RECOMPUTE:
         return RECOMPUTE[text]
     low = text.lower()
-    if "selective recompute of" in low:  # Megatron's recompute_modules (norms, activations)
-        flags.append("recompute of norms and activations predicted as none")
-        return "none"
+    if "selective recompute of" in low:
+        # Megatron's recompute_modules: [layernorm, moe_act] as a recipe lists them, or the
+        # ModelZoo tables' 'norm, act'
+        named = low.split("selective recompute of", 1)[1]
+        modules = [m for m, said in (("layernorm", "norm"), ("moe_act", "act"))
+                   if said in named]
+        if low.startswith("not stated"):
+            flags.append("recompute not stated: the recipe's")
+        return "selective:" + "+".join(modules)
     if "activation_checkpointing: true" in low or "activation_checkpointing true" in low:
         flags.append("activation checkpointing predicted as full")
         return "full"

@@ -171,6 +171,10 @@ class MoE(Layer):
             kept += t * (self._shared_up + self.shared_ffn) * a
         return float(kept)
 
+    def activation_bytes(self, n: int, num: Numerics) -> float:
+        """The routed experts' activation output it keeps (the down product's input)."""
+        return float(self._routed(n) * self.ffn * num.act_bytes)
+
     def transient_bytes(self, n: int, num: Numerics) -> float:
         # the routed copies and their up projection alive while the experts run
         e = self._routed(n)
