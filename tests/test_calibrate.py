@@ -154,3 +154,41 @@ def test_a_bound_from_another_device_is_refused_by_name() -> None:
     with pytest.raises(InvalidMeasurement, match="--bound-by"):
         fit.fit([root / "h100-sxm" / "micro.json"],
                 bound_by=[root / "published" / "a100-80gb" / "micro.json"])
+
+
+def test_a_norm_written_in_upcasting_ops_is_a_family_of_its_own() -> None:
+    """A norm written as separate upcasting ops runs a chain of plain kernels, not the norm's
+    own kernel: its factor is fitted apart (rms_norm_upcast), each form standing for the
+    other until both are measured; a compiled case measures TorchInductor's kernels over
+    the fused form's passes (family compiled)."""
+    from gpusim.calibrate.micro_ops import predict, row_family
+    from gpusim.hardware.calibration import MemoryCalibration
+    from gpusim.hardware.catalog import load_device
+
+    h100 = load_device("h100-sxm")
+    base = {"id": "x", "kind": "row_kernel", "op": "rms_norm", "rows": 16384, "cols": 4096,
+            "precision": "bf16", "pass": "forward"}
+    upcast, compiled = {**base, "upcast": "cast_back"}, {**base, "upcast": "cast_back",
+                                                         "compiled": True}
+    assert [row_family(c, h100) for c in (base, upcast, compiled)] == \
+        ["rms_norm", "rms_norm_upcast", "compiled"]
+    memory = MemoryCalibration(max_efficiency=0.9, ramp_us=0.0,
+                               kernel_factors={"rms_norm": 0.6})
+    assert memory.kernel_factor("rms_norm_upcast") == 0.6  # the fused form stands for it
+    both = memory.model_copy(update={"kernel_factors": {"rms_norm": 0.6,
+                                                        "rms_norm_upcast": 0.8}})
+    assert (both.kernel_factor("rms_norm_upcast"), both.kernel_factor("rms_norm")) == (0.8, 0.6)
+    assert memory.kernel_factor("gelu") == 1.0
+    cal = calibration_for(h100)
+    # the chain moves 18 passes over the tensor, the generated kernel 2
+    assert predict(upcast, h100, cal) > 5 * predict(compiled, h100, cal)
+
+
+def test_the_micro_suite_times_upcast_norms_and_compiled_kernels_on_cuda() -> None:
+    import torch
+
+    from gpusim.measure.runner import _row_kernel_cases
+
+    ids = [c["id"] for c, _ in _row_kernel_cases(torch.device("cpu"), True, 64e6, 1e6)]
+    assert any(i.startswith("kernel/rms_norm-upcast/") for i in ids)
+    assert not any("compiled" in i for i in ids)  # Inductor's CPU kernels calibrate nothing

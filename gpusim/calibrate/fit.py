@@ -38,6 +38,7 @@ from gpusim.calibrate.micro_ops import (
     looped_case,
     numerics,
     predict,
+    row_family,
 )
 from gpusim.errors import InvalidMeasurement
 from gpusim.hardware.calibration import Calibration, GemmCalibration, stated_defaults
@@ -264,7 +265,7 @@ def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
     if _has_short(memory):
         memory_params.append((("memory", "ramp_us"), "us"))
     rows = of(lambda c: c["kind"] == "row_kernel" and c["op"] in ROW_KERNEL_LAYERS)
-    row_families = sorted({ROW_KERNEL_LAYERS[c["op"]]("", 1, 1).op for c in rows})
+    row_families = sorted({row_family(c, device) for c in rows})
     conv = of(lambda c: c["kind"] == "conv")
     conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
     out: list[Group] = [

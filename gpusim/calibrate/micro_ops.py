@@ -57,6 +57,23 @@ ROW_KERNEL_LAYERS: dict[str, Callable[[str, int, int], Elementwise]] = {
 }
 
 
+def row_layer(case: dict[str, Any]) -> Elementwise:
+    """A row_kernel case as the zoo's layer: written as separate upcasting ops where the
+    case says so (e.g. Hugging Face's RMS norm), run under torch.compile where it was
+    (TorchInductor's generated kernels: as_compiled)."""
+    row = ROW_KERNEL_LAYERS[case["op"]](case["id"], case["rows"], case["cols"])
+    if case.get("upcast"):
+        row = replace(row, upcast=case["upcast"])
+    return row
+
+
+def row_family(case: dict[str, Any], device: DeviceProfile) -> str:
+    """The kernel family whose factor a row_kernel case measures."""
+    if case.get("compiled"):
+        return "compiled"
+    return row_layer(case).family(numerics(case["precision"], device))
+
+
 def numerics(precision: str, device: DeviceProfile) -> Numerics:
     """As PyTorch runs a micro case: fp32 convolutions may use TF32 on a GPU (cuDNN's
     default); under autocast (fp16/bf16) everything runs in the low precision."""
@@ -130,13 +147,15 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         n = case["batch"]
         return norm.forward(n, num) if case["pass"] == "forward" else norm.backward_input(n, num)
     if kind == "row_kernel" and case["op"] in ROW_KERNEL_LAYERS:
-        row = ROW_KERNEL_LAYERS[case["op"]](case["id"], case["rows"], case["cols"])
-        if case.get("upcast"):  # written as separate fp32 ops (e.g. Hugging Face's RMS norm)
-            row = replace(row, upcast=case["upcast"])
+        row = row_layer(case)
         num = numerics(case["precision"], device)
-        return {"forward": row.forward(1, num), "backward": row.backward_input(1, num),
-                "forward_backward": row.forward(1, num) + row.backward_input(1, num)
-                }[case["pass"]]
+        if case.get("compiled"):
+            # one generated kernel each way, over the fused form's passes
+            row = replace(row, upcast="")
+        ops = {"forward": row.forward(1, num), "backward": row.backward_input(1, num),
+               "forward_backward": row.forward(1, num) + row.backward_input(1, num)
+               }[case["pass"]]
+        return [replace(op, family="compiled") for op in ops] if case.get("compiled") else ops
     if kind == "elementwise":
         reads, writes = ELEMENTWISE_PASSES[case["op"]]
         elements = case["bytes"] / DTYPE_BYTES[case["dtype"]]

@@ -87,7 +87,7 @@ def attention_tiling(shape: AttentionShape) -> float:
 def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     """Seconds ``op`` occupies the device's compute stream."""
     bandwidth = (device.memory_bandwidth * memory_efficiency(op.bytes, cal)
-                 * cal.memory.kernel_factors.get(op.family, 1.0))
+                 * cal.memory.kernel_factor(op.family))
     if op.parallel_units and isinstance(device, GPUProfile):
         bandwidth *= min(1.0, op.parallel_units / device.compute_units)
     memory_s = op.bytes / bandwidth

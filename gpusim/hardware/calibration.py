@@ -27,6 +27,9 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 NonNegative = Annotated[float, Field(ge=0)]
 
 
+# The kernel family of a norm written as separate ops that upcast (workload.layers.Elementwise)
+UPCAST_SUFFIX = "_upcast"
+
 class Tile(Frozen):
     """A GEMM tile a library may pick; ``efficiency`` is its throughput relative to the best."""
 
@@ -98,6 +101,17 @@ class MemoryCalibration(Frozen):
     first_touch_min_mib: NonNegative = Field(
         32.0, description="allocations at least this large come fresh from the OS (glibc's "
                           "largest mmap threshold on 64-bit, 32 MiB: mallopt(3))")
+
+    def kernel_factor(self, family: str) -> float:
+        """The factor of a kernel family. A norm written as separate upcasting ops
+        (``<op>_upcast``) and its one fused kernel stand for each other until both are
+        measured; any other family not measured runs at max_efficiency (1)."""
+        factors = self.kernel_factors
+        if family in factors:
+            return factors[family]
+        sibling = (family.removesuffix(UPCAST_SUFFIX) if family.endswith(UPCAST_SUFFIX)
+                   else family + UPCAST_SUFFIX)
+        return factors.get(sibling, 1.0) if family else 1.0
     cache_mib: Annotated[float, Field(gt=0)] | None = Field(
         None, description="CPUs: a memory-bound op that moves at most this many MiB runs out "
                           "of the caches, at cache_efficiency; a larger one streams from DRAM "

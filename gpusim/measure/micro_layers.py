@@ -99,11 +99,21 @@ def cross_entropy_sizes(max_bytes: float) -> list[tuple[int, int]]:
             if t * v * 4 <= max_bytes]
 
 
+# Row kernels also timed as frameworks write them in Python ops (the RMS norm that upcasts,
+# as torchtitan's of 2024 and Hugging Face's: upcast "cast_back") and under torch.compile
+# (TorchInductor's generated kernels): (op, upcast, compiled). Compiled cases run on CUDA.
+ROW_KERNEL_VARIANTS = (("rms_norm", "cast_back", False), ("rms_norm", "cast_back", True),
+                       ("silu_mul", "", True))
+
+
 def time_row_kernel(op: str, rows: int, cols: int, device: torch.device,
-                    repeats: int, cache_bytes: float) -> dict[str, Timing]:
+                    repeats: int, cache_bytes: float, upcast: str = "",
+                    compiled: bool = False) -> dict[str, Timing]:
     """A bf16 row-wise kernel, forward and backward, as eager PyTorch runs it: layer and RMS
     norm with a weight, softmax, tanh-GELU, SwiGLU's silu(a) * b, and cross-entropy (bf16
-    logits cast to fp32, then log-softmax and NLL, as autocast does)."""
+    logits cast to fp32, then log-softmax and NLL, as autocast does). ``upcast``
+    "cast_back": the RMS norm written as x.float(), pow, mean, rsqrt, multiply, cast back,
+    times the weight; ``compiled``: the function under torch.compile."""
     dtype = torch.bfloat16
     width = 2 * cols if op == "silu_mul" else cols
     weight = torch.randn(cols, device=device, dtype=dtype, requires_grad=True)
@@ -112,6 +122,10 @@ def time_row_kernel(op: str, rows: int, cols: int, device: torch.device,
     def fn(x: torch.Tensor) -> torch.Tensor:
         if op == "layer_norm":
             return F.layer_norm(x, (cols,), weight)
+        if op == "rms_norm" and upcast:
+            up = x.float()
+            return (up * torch.rsqrt(up.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) \
+                * weight
         if op == "rms_norm":
             return F.rms_norm(x, (cols,), weight)
         if op == "softmax":
@@ -126,10 +140,11 @@ def time_row_kernel(op: str, rows: int, cols: int, device: torch.device,
     sets = rotated(lambda: torch.randn(rows, width, device=device, dtype=dtype,
                                         requires_grad=True), 3 * rows * width * 2, cache_bytes)
     turn = {"i": 0}
+    run = torch.compile(fn, fullgraph=True) if compiled else fn
 
     def forward() -> Any:
         turn["i"] = (turn["i"] + 1) % len(sets)
-        return fn(sets[turn["i"]])
+        return run(sets[turn["i"]])
 
     return time_forward_backward(forward, [weight, *sets], device, repeats)
 

@@ -240,6 +240,18 @@ def _row_kernel_cases(device: torch.device, quick: bool, max_bytes: float,
                     "rows": rows, "cols": cols, "precision": "bf16"},
                    lambda r, o=op, m=rows, n=cols: micro_layers.time_row_kernel(o, m, n, device, r,
                                                                          cache))
+    for op, upcast, compiled in micro_layers.ROW_KERNEL_VARIANTS:
+        if compiled and device.type != "cuda":
+            continue  # TorchInductor's CPU kernels are not what these cases calibrate
+        sizes = micro_layers.kernel_sizes(max_bytes)
+        form = "-".join(w for w in (upcast and "upcast", compiled and "compiled") if w)
+        for rows, cols in sizes[::4] if quick else sizes:
+            yield ({"id": f"kernel/{op}-{form}/{rows}x{cols}", "kind": "row_kernel", "op": op,
+                    "rows": rows, "cols": cols, "precision": "bf16",
+                    **({"upcast": upcast} if upcast else {}),
+                    **({"compiled": True} if compiled else {})},
+                   lambda r, o=op, m=rows, n=cols, u=upcast, c=compiled:
+                   micro_layers.time_row_kernel(o, m, n, device, r, cache, u, c))
 
 
 def _adamw_cases(device: torch.device, quick: bool) -> Iterator[

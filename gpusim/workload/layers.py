@@ -299,9 +299,13 @@ class Elementwise(Layer):
 
     def family(self, num: Numerics) -> str:
         """The kernels PyTorch runs for this op. Batch norm on a 16-bit input with fp32
-        weights (as under autocast) takes PyTorch's own kernels; on fp32 it takes cuDNN's."""
+        weights (as under autocast) takes PyTorch's own kernels; on fp32 it takes cuDNN's.
+        A norm written as upcasting ops runs a chain of elementwise and reduction kernels
+        (``<op>_upcast``)."""
         if self.op == "batch_norm" and num.act_bytes < DTYPE_BYTES["fp32"]:
             return "batch_norm_native"
+        if self._upcasts(num):  # a chain of plain kernels, not the norm's own kernel
+            return self.op + "_upcast"
         return self.op
 
     def _upcasts(self, num: Numerics) -> bool:
