@@ -217,3 +217,44 @@ def test_hand_written_attention_scales_and_masks_its_scores_in_passes_of_their_o
         update={"scale_and_mask": True, "fused_attention": True})
     assert not any(getattr(la, "scale_and_mask", False)
                    for la in build_transformer(fused, 128).layers)
+
+
+def test_a_parallel_block_reads_one_input_for_attention_and_mlp() -> None:
+    """GPT-J, Phi and GPT-NeoX: x + attn(norm(x)) + mlp(norm(x)). One add per block takes
+    both branches; with a shared norm the MLP's product keeps nothing of its input (the
+    tensor attention's product keeps). The products are those of a sequential block."""
+    from gpusim.workload.hf_config import transformer_from_hf
+    from gpusim.workload.layers import Elementwise, Linear
+    from gpusim.workload.numerics import Numerics
+    from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
+
+    base = TransformerConfig(name="p", layers=2, hidden=512, heads=8, ffn_hidden=2048,
+                             vocab=1000, seq_len=128, positions="rotary")
+    serial = build_transformer(base)
+    phi = build_transformer(base.model_copy(update={"parallel_residual": True,
+                                                    "shared_norm": True}))
+    neox = build_transformer(base.model_copy(update={"parallel_residual": True}))
+
+    def block(model: object, kind: str) -> list[Elementwise]:
+        return [la for la in model.layers  # type: ignore[attr-defined]
+                if la.block == "h.0" and isinstance(la, Elementwise) and la.op == kind]
+
+    assert [len(block(m, "layer_norm")) for m in (serial, phi, neox)] == [2, 1, 2]
+    assert [[a.reads for a in block(m, "add")] for m in (serial, phi, neox)] == \
+        [[2, 2], [3], [3]]
+    num = Numerics("bf16", "bf16", "bf16")
+    up_phi = next(la for la in phi.layers if la.name == "h.0.mlp.up")
+    up_neox = next(la for la in neox.layers if la.name == "h.0.mlp.up")
+    assert isinstance(up_phi, Linear) and up_phi.saved_bytes(2, num) == 0
+    assert up_neox.saved_bytes(2, num) > 0
+    gemm = [sum(op.flops for la in m.layers for op in la.forward(1, num) if op.kind == "gemm")
+            for m in (serial, phi, neox)]
+    assert gemm[0] == gemm[1] == gemm[2]
+    phi_hf = transformer_from_hf({"model_type": "phi", "hidden_size": 2048, "num_hidden_layers": 24,
+                             "num_attention_heads": 32, "intermediate_size": 8192,
+                             "vocab_size": 51200}, "phi-1_5")
+    neox_hf = transformer_from_hf({"model_type": "gpt_neox", "hidden_size": 512,
+                              "num_hidden_layers": 2, "num_attention_heads": 8,
+                              "intermediate_size": 2048, "vocab_size": 1000}, "neox")
+    assert (phi_hf.parallel_residual, phi_hf.shared_norm) == (True, True)
+    assert (neox_hf.parallel_residual, neox_hf.shared_norm) == (True, False)

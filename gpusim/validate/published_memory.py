@@ -13,6 +13,7 @@ reserved peak plus the CUDA context and library handles the process holds.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ GPUS: list[tuple[str, str, float | None]] = [
     ("V100-SXM2 16GB", "v100-sxm2-16gb", None), ("A10G", "a10", None),
     ("H100 SXM5 80GB", "h100-sxm", None), ("A100 40GB", "a100-40gb", None),
     ("MI300X", "mi300x", None), ("B200", "b200", None),
+    ("RTX 4070 Ti SUPER", "rtx-4070-ti-super", None),
 ]
 RECOMPUTE = {"selective(op)": "per-op", "megatron-selective": "selective", "none": "none"}
 # The framework a source names -> the stack that writes its layers (stacks/). ms-swift's
@@ -113,11 +115,8 @@ def _unsupported(row: dict[str, Any]) -> str:
     opt = str(t.get("optimizer", "")).lower()
     checks = [
         (bool(row.get("excluded")), str(row.get("excluded", ""))),
-        ("phi" in str(m.get("name", "")).lower(), "Phi's parallel-residual block (one norm "
-                                                  "for attention and MLP) is not built"),
         (_method(row)[0] not in ("full", "lora", "qlora"), "the fine-tuning method is not "
                                                              "one gpusim models"),
-        (p.get("cpu_offload") or "offload" in opt, "CPU offload is not modelled"),
         ("deepspeed fp16" in str(row.get("framework", "")).lower(),
          "DeepSpeed's fp16 engine is not modelled: the model held in fp16 without autocast "
          "(so a 2022 Hugging Face loss runs on fp16 logits) and an fp32 copy of each "
@@ -151,12 +150,31 @@ def _gpu(name: str) -> DeviceProfile | None:
     return None
 
 
+def _vision_transformer(m: dict[str, Any]) -> Model | None:
+    """A timm ViT as a case states it: its patch size from the name (ViT-H/14), its
+    sequence (patches and the class token) at a square input; classified over the zoo's
+    1000 classes (the cases' 45-class heads are a thousandth of the model)."""
+    patch = re.search(r"/(\d+)", str(m["name"]))
+    seq = int(m.get("seq_len") or 0)
+    side = math.isqrt(max(seq - 1, 0))
+    if patch is None or side * side != seq - 1 or \
+            not all(m.get(k) for k in ("layers", "hidden", "heads", "ffn_hidden")):
+        return None
+    gated = bool(m.get("gated_mlp"))
+    return build_transformer(TransformerConfig(
+        name=m["name"], kind="vision", layers=m["layers"], hidden=m["hidden"],
+        heads=m["heads"], ffn_hidden=m["ffn_hidden"], image_size=side * int(patch[1]),
+        patch_size=int(patch[1]), norm="layernorm", positions="learned",
+        activation="swiglu" if gated else "gelu", tied_embeddings=False, bias=True))
+
+
 def _model(m: dict[str, Any]) -> Model | None:
     name = str(m["name"]).lower()
     if name.startswith("bert-large"):
         return zoo.get("bert-large", seq_len=int(m["seq_len"]))
-    if not all(m.get(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len")) \
-            or "vit" in name:
+    if "vit" in name:
+        return _vision_transformer(m)
+    if not all(m.get(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len")):
         return None
     gated = bool(m.get("gated_mlp"))
     cfg = TransformerConfig(
@@ -165,7 +183,10 @@ def _model(m: dict[str, Any]) -> Model | None:
         seq_len=m["seq_len"], norm="rmsnorm" if gated else "layernorm",
         activation="swiglu" if gated else "gelu", positions="rotary" if gated else "learned",
         tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated,
-        dropout=bool(m.get("dropout")))
+        dropout=bool(m.get("dropout")),
+        # Phi: attention and MLP in parallel on one norm's output (litgpt's phi-1_5 config:
+        # parallel_residual, shared_attention_norm)
+        parallel_residual="phi" in name, shared_norm="phi" in name)
     return build_transformer(cfg)
 
 
@@ -196,6 +217,8 @@ def _job(row: dict[str, Any]) -> Any:
     framework = str(row.get("framework", "")).lower()
     name = next((st for text, st in STACKS if text in framework), "pytorch")
     stack: str | Stack = name
+    if "torch fused" in opt:  # torch.optim's fused AdamW: no temporary of the states' size
+        stack = load_stack(name).model_copy(update={"optimizer": "fused"})
     if "standard" in str(t.get("loss", "")):  # the recipe's loss set to plain cross-entropy
         # Unchunked, torchtune's TransformerDecoder casts the logits itself
         # (output = self.output(h).float(), modules/transformer.py), so a compiled loss gets
@@ -212,7 +235,10 @@ def _job(row: dict[str, Any]) -> Any:
         # torchtune's optimizer_in_bwd and enable_activation_offloading
         "optimizer_in_backward": (t.get("optimizer_in_backward") is True
                                   or "fused into backward" in opt),
-        "offload_activations": t.get("activation_offloading") is True}
+        "offload_activations": t.get("activation_offloading") is True,
+        # torchao's CPUOffloadOptimizer (offload_gradients off): the states and the step on
+        # the host, gradients made on the device, as --offload optimizer holds them
+        "offload": "optimizer" if p.get("cpu_offload") or "offload" in opt else "none"}
     model, gpu = _model(m), _gpu(row["hardware"]["gpu"])
     assert model is not None and gpu is not None  # _unsupported checked both
     accum = int(t.get("grad_accum") or 1)

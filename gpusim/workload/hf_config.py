@@ -50,7 +50,7 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
                   "note": "per-head q/k RMS norms not modelled"},
 }
-_OTHERS = ("gpt2", "gpt_neox", "bert", "roberta")
+_OTHERS = ("gpt2", "gpt_neox", "gptj", "phi", "bert", "roberta")
 _VISION = ("vit", "clip_vision_model")  # image transformers: patches and a class token
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")  # MLA attention, dense first blocks, experts
 _NOT_YET = {
@@ -328,14 +328,31 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
             tied_embeddings=f.flag("tie_word_embeddings", True), bias=True)
         note = ""
     elif kind == "gpt_neox":
+        # GPTNeoXLayer: with use_parallel_residual (its default), attention and MLP read
+        # the block input through a norm each and add to it together
         fields.update(
             layers=f.need("num_hidden_layers"), hidden=f.need("hidden_size"),
             heads=f.need("num_attention_heads"), ffn_hidden=f.need("intermediate_size"),
             vocab=f.need("vocab_size"), norm="layernorm", positions="rotary",
             activation=_activation(f.text("hidden_act", default="gelu"), False, source),
-            tied_embeddings=f.flag("tie_word_embeddings", False), bias=True)
-        note = ("attention and MLP in parallel (use_parallel_residual) are costed one after "
-                "the other" if f.flag("use_parallel_residual", True) else "")
+            tied_embeddings=f.flag("tie_word_embeddings", False), bias=True,
+            parallel_residual=f.flag("use_parallel_residual", True))
+        note = ""
+    elif kind in ("gptj", "phi"):
+        # GPTJBlock and PhiDecoderLayer: one norm, attention and MLP on its output in
+        # parallel, both added to the block input; rotary on part of each head (cost alike)
+        hidden = f.need("n_embd", "hidden_size")
+        fields.update(
+            layers=f.need("n_layer", "num_hidden_layers"), hidden=hidden,
+            heads=f.need("n_head", "num_attention_heads"),
+            kv_heads=f.count("num_key_value_heads"),
+            ffn_hidden=f.count("n_inner", "intermediate_size", default=4 * hidden),
+            vocab=f.need("vocab_size"), norm="layernorm", positions="rotary",
+            activation=_activation(f.text("activation_function", "hidden_act",
+                                          default="gelu_new"), False, source),
+            tied_embeddings=f.flag("tie_word_embeddings", False), bias=True,
+            parallel_residual=True, shared_norm=True)
+        note = "the head's bias and partial rotary embedding are costed as the others'"
     elif kind in _VISION:
         labels = data.get("id2label")
         classes = len(labels) if isinstance(labels, dict) and len(labels) > 2 else 1000

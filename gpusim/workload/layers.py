@@ -113,6 +113,9 @@ class Linear(Layer):
     # The input is kept split over this many ranks and gathered again for the weight
     # gradient (Megatron-LM sequence parallelism keeps 1/t of a column-parallel input).
     input_shards: int = 1
+    # The input is a tensor an earlier layer keeps already (a parallel block's MLP reading
+    # the norm output its attention keeps): nothing more is kept for it.
+    input_kept: bool = False
 
     @property
     def params(self) -> int:
@@ -163,6 +166,8 @@ class Linear(Layer):
                         layer=self.name)]
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
+        if self.input_kept:
+            return 0.0
         return n * self.rows * self.in_features * num.act_bytes / self.input_shards
 
 
@@ -383,9 +388,12 @@ def dropout(name: str, elements: int, *, block: str = "") -> Elementwise:
                        block=block, op="dropout")
 
 
-def residual_add(name: str, elements: int, *, block: str = "") -> Elementwise:
-    """x + f(x); in backward the gradient fans out and autograd accumulates it once."""
-    return Elementwise(name, elements, reads=2, bwd_reads=2, saves=0, block=block, op="add")
+def residual_add(name: str, elements: int, *, block: str = "", branches: int = 1
+                 ) -> Elementwise:
+    """x + f(x) (``branches`` 2: x + f(x) + g(x), a parallel block's); in backward the
+    gradient fans out and autograd accumulates it once into each."""
+    return Elementwise(name, elements, reads=1 + branches, bwd_reads=1 + branches, saves=0,
+                       block=block, op="add")
 
 
 def batch_norm(name: str, channels: int, elements: int, *, block: str = "") -> Elementwise:

@@ -65,6 +65,11 @@ class TransformerConfig(BaseModel):
     qkv_bias: bool | None = Field(None, description="the q, k, v projection's bias, when it "
                                                    "differs from the other linears' (Qwen2)")
     dropout: bool = False
+    # GPT-J, GPT-NeoX, Phi, Falcon: attention and MLP read the same block input, their
+    # outputs added to it together (x + attn(norm(x)) + mlp(norm(x))); ``shared_norm``: one
+    # norm for both branches (GPT-J, Phi-1/1.5/2, Falcon-7B), else one each (GPT-NeoX)
+    parallel_residual: bool = False
+    shared_norm: bool = False
     fused_attention: bool = True
     # unfused attention as Hugging Face and NVIDIA wrote BERT's: scores scaled and masked by
     # their own kernels (Attention.scale_and_mask)
@@ -204,7 +209,8 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
                     for la in attn]
         if cfg.dropout:
             attn.append(_split(dropout(f"{b}.attn.dropout", s * h, block=b), "sequence"))
-        attn.append(_split(residual_add(f"{b}.attn.add", s * h, block=b), "sequence"))
+        if not cfg.parallel_residual:
+            attn.append(_split(residual_add(f"{b}.attn.add", s * h, block=b), "sequence"))
         gated = cfg.activation in ("swiglu", "geglu")
         up = 2 * cfg.ffn if gated else cfg.ffn
         act = swiglu if gated else gelu
@@ -218,9 +224,16 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
                        gated=gated, shared_ffn=cfg.shared_ffn, block=b, tp="sharded")]
         if cfg.dropout:
             mlp.append(_split(dropout(f"{b}.mlp.dropout", s * h, block=b), "sequence"))
-        mlp.append(_split(residual_add(f"{b}.mlp.add", s * h, block=b), "sequence"))
         norm1 = _split(norm(f"{b}.norm1", h, s, block=b), "sequence")
         norm2 = _split(norm(f"{b}.norm2", h, s, block=b), "sequence")
+        if cfg.parallel_residual:
+            if cfg.shared_norm and isinstance(mlp[0], Linear):
+                # the MLP's first product reads the tensor attention's already keeps
+                mlp[0] = replace(mlp[0], input_kept=True)
+            both = _split(residual_add(f"{b}.add", s * h, block=b, branches=2), "sequence")
+            layers += [norm1, *attn, *([] if cfg.shared_norm else [norm2]), *mlp, both]
+            continue
+        mlp.append(_split(residual_add(f"{b}.mlp.add", s * h, block=b), "sequence"))
         layers += [norm1, *attn, norm2, *mlp] if pre else [*attn, norm1, *mlp, norm2]
 
     if vision:  # the class token's output, normalized and classified
