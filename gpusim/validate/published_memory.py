@@ -111,8 +111,7 @@ def load_cases(path: Path = CASES_FILE) -> list[MemoryCase]:
 
 def _unsupported(row: dict[str, Any]) -> str:
     """Why gpusim cannot model this case yet ('' when it can)."""
-    t, p, m = row["training"], row["parallelism"], row["model"]
-    opt = str(t.get("optimizer", "")).lower()
+    m = row["model"]
     checks = [
         (bool(row.get("excluded")), str(row.get("excluded", ""))),
         (_method(row)[0] not in ("full", "lora", "qlora"), "the fine-tuning method is not "
