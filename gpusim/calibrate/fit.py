@@ -29,28 +29,22 @@ from typing import Any
 
 import yaml
 
+from gpusim.calibrate.groups import BOTH_PASSES, Path_, fit_groups
 from gpusim.calibrate.micro_ops import (
-    ROW_KERNEL_LAYERS,
     SDPA_KERNELS,
-    kernel_timed,
     layer_host_job,
     layer_host_times,
     looped_case,
-    numerics,
     predict,
-    row_family,
 )
 from gpusim.errors import InvalidMeasurement
-from gpusim.hardware.calibration import Calibration, GemmCalibration, stated_defaults
+from gpusim.hardware.calibration import Calibration, stated_defaults
 from gpusim.hardware.catalog import catalog, profiles_dir
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
 from gpusim.plan.lower import layer_kind
 from gpusim.validate.compare import LayerTiming
-from gpusim.workload.layers import batch_norm
-from gpusim.workload.ops import DTYPE_BYTES, TENSOR_CORE_MATH, GemmShape
 
-Path_ = tuple[str, ...]  # a parameter's place in the calibration, e.g. ("gemm", "ramp_us")
 ROUNDS = 3
 
 
@@ -78,7 +72,6 @@ class FitResult:
 
 
 # A parameter path ending in this sets a kernel's forward and backward factors as one.
-BOTH_PASSES = "forward+backward"
 
 
 def _stored(path: Path_) -> Path_:
@@ -138,23 +131,6 @@ def _search(lo: float, hi: float, score: Callable[[float], float], zero: bool) -
     return float(best)
 
 
-# Smallest elementwise case timed in a loop that the memory fit takes when graph replays
-# cover the small sizes (a 16 MiB copy takes ~10 us on the device, past the host's pace).
-LOOP_MIN_BYTES = 2**24
-
-# A slope of a product's rate against its inner dimension K is fitted only where a precision
-# has this many tensor-core cases on each side of the calibration's knee, compute-bound
-# sized (run longer than a ramp): fewer, and the slope would fit noise between two shapes.
-LONG_K_MIN_CASES = 3
-
-# The smallest GEMM tile side any calibration states (64 x 64).
-SMALLEST_TILE = 64
-
-# A ramp (the time a kernel loses to filling the device) shows only on short kernels: a group
-# whose cases all run longer than this (published figures of large kernels) keeps the
-# default ramp rather than fitting noise into it.
-SHORT_KERNEL_S = 1e-4
-
 # Ranges per parameter kind: efficiencies are fractions of peak, ramps and gaps microseconds.
 _RANGE = {"efficiency": (0.005, 1.0, False), "factor": (0.05, 1.0, False),
           "slope": (0.002, 0.5, True),
@@ -179,131 +155,6 @@ def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
             if score(lo) == score(hi):  # no case moves with it (e.g. forward cases only)
                 continue
             _set(data, path, _search(lo, hi, score, zero))
-
-
-Group = tuple[str, list[dict[str, Any]], list[tuple[Path_, str]]]
-
-
-def _spans_the_knee(cases: list[dict[str, Any]]) -> bool:
-    """Whether tensor-core GEMM cases long enough to run at the power limit lie on both
-    sides of the inner-dimension knee, enough of them to fit how the rate falls past it
-    (see GemmCalibration.long_k_slope)."""
-    knee: int = GemmCalibration.model_fields["long_k_knee"].default
-    long: list[int] = [c["k"] for c in cases
-                       if c["precision"] in TENSOR_CORE_MATH and c["median_s"] >= SHORT_KERNEL_S]
-    return (sum(k > knee for k in long) >= LONG_K_MIN_CASES
-            and sum(k <= knee for k in long) >= LONG_K_MIN_CASES)
-
-
-def _has_short(cases: list[dict[str, Any]]) -> bool:
-    return any(c["median_s"] < SHORT_KERNEL_S for c in cases)
-
-
-def _has_host(cases: list[dict[str, Any]]) -> bool:
-    """Whether any case's time includes the host's (timed in a loop, not on the device)."""
-    return any(not kernel_timed(c) for c in cases)
-
-
-def _groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group]:
-    """(group name, its cases, its parameters) in fitting order."""
-    def of(pred: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-        return [c for c in cases if "median_s" in c and c.get("fit", True) and pred(c)]
-
-    def sdpa(backend: str) -> list[dict[str, Any]]:
-        """SDPA restricted to one backend: that kernel's own efficiency."""
-        return of(lambda c: c["kind"] == "sdpa" and c.get("backend") == backend)
-
-    def kernel_params(kernel: str, cases: list[dict[str, Any]]) -> list[tuple[Path_, str]]:
-        """A kernel's forward and backward factors; one factor for both where every case
-        times the two passes together (published forward+backward figures)."""
-        apart = any(c["pass"] != "forward_backward" for c in cases)
-        return [(("gemm", "attention_kernels", kernel, phase), "factor")
-                for phase in (("forward", "backward") if apart else (BOTH_PASSES,))]
-
-    per_kernel: list[Group] = [
-        (f"attention {kernel}", sdpa(backend), kernel_params(kernel, sdpa(backend)))
-        for backend, kernel in SDPA_KERNELS.items()]
-
-    # Small copies timed in a loop measure how fast the host issues them; where CUDA-graph
-    # replays give their device time, those stand for the small sizes instead.
-    graphed = any(kernel_timed(c) for c in cases if c["kind"] == "elementwise")
-    def tiled(c: dict[str, Any]) -> bool:
-        """A product the tile model describes: at least a smallest tile's rows and columns
-        (thinner ones run GEMV-like or split-K kernels it does not; they are reported by
-        benchmarks/published_micro.py, not fitted)."""
-        return bool(min(c["m"], c["n"]) >= SMALLEST_TILE)
-
-    def narrow(c: dict[str, Any]) -> bool:
-        """A tensor-core GEMM whose rows the model finds misaligned (from its shape)."""
-        return c["precision"] in TENSOR_CORE_MATH and not GemmShape(
-            c["m"], c["n"], c["k"]).aligned(DTYPE_BYTES[c["precision"]])
-
-    gemm = of(lambda c: c["kind"] == "gemm" and not narrow(c) and tiled(c))
-    # max_efficiency is the row-major (nn) products'; the other layouts' factors are relative
-    # to it, unless nn was never timed (published tables of nt products): then their figures
-    # stand for it and the layout factors keep their defaults.
-    row_major = [c for c in gemm if c.get("layout", "nn") == "nn"]
-    layouts = [c for c in gemm if c.get("layout", "nn") != "nn"] if row_major else []
-    gemm = row_major or gemm
-    precisions = sorted({c["precision"] for c in gemm})
-    misaligned = of(lambda c: c["kind"] == "gemm" and narrow(c) and tiled(c))
-    gemm_params: list[tuple[Path_, str]] = [
-        (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
-    gemm_params += [(("gemm", "long_k_slope", p), "slope") for p in precisions
-                    if _spans_the_knee([c for c in gemm if c["precision"] == p])]
-    if _has_short(gemm):
-        gemm_params.append((("gemm", "ramp_us"), "us"))
-    if device.is_gpu and _has_host(gemm):
-        # a cuBLAS call's host cost, told apart by the CUDA-graph replays
-        gemm_params.append((("overhead", "cublas_us"), "us"))
-    # (casts change type in an unvectorized kernel of their own: not a copy's bandwidth)
-    memory = of(lambda c: c["kind"] == "elementwise" and c["op"] not in ("add_alloc", "cast")
-                and (kernel_timed(c) or not graphed or c["bytes"] >= LOOP_MIN_BYTES))
-    memory_params: list[tuple[Path_, str]] = [(("memory", "max_efficiency"), "efficiency")]
-    if not device.is_gpu:
-        memory_params.append((("memory", "cache_efficiency"), "efficiency"))
-    if _has_short(memory):
-        memory_params.append((("memory", "ramp_us"), "us"))
-    rows = of(lambda c: c["kind"] == "row_kernel" and c["op"] in ROW_KERNEL_LAYERS)
-    row_families = sorted({row_family(c, device) for c in rows})
-    conv = of(lambda c: c["kind"] == "conv")
-    conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
-    out: list[Group] = [
-        ("memory", memory, memory_params),
-        ("gemm", gemm, gemm_params),
-        ("misaligned", misaligned,
-         [(("gemm", "misaligned_factor", str(p)), "factor")
-          for p in sorted({c["precision"] for c in misaligned})]),
-        # A linear layer's products in the layouts training uses, relative to the row-major
-        # products above: forward (nt) and the weight gradient (tn).
-        ("gemm layouts", of(lambda c: c["kind"] == "linear" and device.is_gpu) + layouts,
-         [(("gemm", "layout_factors", "nt"), "factor"),
-          (("gemm", "layout_factors", "tn"), "factor")]),
-        ("conv", conv, [(("gemm", "conv_factors", m), "factor") for m in conv_math]
-         + ([(("overhead", "cudnn_us"), "us")] if device.is_gpu and _has_host(conv) else [])),
-        ("batch norm", of(lambda c: c["kind"] == "batch_norm"),
-         [(("memory", "kernel_factors", f), "factor") for f in sorted(
-             {batch_norm("", 1, 1).family(numerics(c["precision"], device))
-              for c in cases if c["kind"] == "batch_norm"})]),
-        ("row kernels", rows,
-         [(("memory", "kernel_factors", f), "factor") for f in row_families]),
-        # What training gets: SDPA's own choice of backend (the "auto" cases), forward and
-        # backward apart.
-        ("attention", of(lambda c: c["kind"] == "attention"
-                         or (c["kind"] == "sdpa" and c.get("backend") == "auto")),
-         [(("gemm", "attention_factor"), "factor"),
-          (("gemm", "attention_backward_factor"), "factor")]),
-        *per_kernel,
-        ("optimizer", of(lambda c: c["kind"] == "optimizer" and c["impl"] == "default"),
-         [(("overhead", "optimizer_us"), "us"), (("overhead", "optimizer_tensor_us"), "us")]),
-        ("pcie", of(lambda c: c["kind"] == "host_copy" and c["pinned"]),
-         [(("pcie_efficiency",), "factor")]),
-    ]
-    if not device.is_gpu:  # a GPU's caching allocator reuses memory: no first-touch cost
-        out.insert(1, ("first touch", of(lambda c: c["kind"] == "elementwise"
-                                         and c["op"] == "add_alloc"),
-                       [(("memory", "first_touch_gb_s"), "gb_s")]))
-    return [g for g in out if g[1]]
 
 
 def _load_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
@@ -371,7 +222,7 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
 
     fits = []
     shared = ""
-    for name, group_cases, params in _groups(cases, device):
+    for name, group_cases, params in fit_groups(cases, device):
         before = Calibration.model_validate(cal)
         if name == "memory" and not device.is_gpu:
             cal = _fit_cache_regime(cal, params, group_cases, device)

@@ -14,30 +14,25 @@ the plan costs one representative rank per stage:
 A search plans thousands of jobs over one cache: each layer step is lowered and costed once
 per shape, and a chunk of identical blocks is put together from the costs of three of them
 (_template), which add up term by term in the order the whole chunk would add them, so its
-totals are the same to the last bit.
+totals are the same to the last bit. What one pass costs, term by term, is
+``gpusim.plan.pass_cost``.
 """
 from __future__ import annotations
 
-import functools
 import itertools
-import operator
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from gpusim import units
 from gpusim.comm.collectives import Collective, collective_seconds
 from gpusim.comm.topology import CommGroup
-from gpusim.cost.energy import active_seconds
-from gpusim.cost.kernels import host_cost, kernel_cost, op_host_extra, optimizer_host_s
+from gpusim.cost.kernels import host_cost, kernel_cost, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.autocast import layer_precisions, runs_in_fp8
-from gpusim.plan.context_parallel import cp_collectives, split_sequence
+from gpusim.plan.context_parallel import split_sequence
 from gpusim.plan.expert_parallel import expert_share, fold_experts, hold_experts
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.lower import (
-    layer_kind,
     lower_step,
     microbatch_steps,
     optimizer_ops,
@@ -49,50 +44,27 @@ from gpusim.plan.memory import (
 )
 from gpusim.plan.offload import offload_seconds
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
-from gpusim.plan.recompute import selective_modules
-from gpusim.plan.tensor_parallel import shard_layer, tp_collectives
-from gpusim.stack import Stack, runs_compiled
+from gpusim.plan.pass_cost import (
+    Costed,
+    PassTerms,
+    Queue,
+    Work,
+    costed_ops,
+    expert_group,
+    grad_ready,
+    joined,
+    pass_groups,
+    pass_terms,
+    pass_work,
+)
+from gpusim.plan.tensor_parallel import shard_layer
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
-from gpusim.workload.moe import MoE, ep_collectives
-from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
+from gpusim.workload.ops import Phase, memory_op
 
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
 # the backward pass produces them.
 DDP_BUCKET_BYTES = 25 * 2**20
-
-
-@dataclass(frozen=True)
-class Work:
-    """One forward or backward pass of one model chunk for one microbatch, on one rank.
-
-    ``compute_s`` is kernel time (recompute included; ``recompute_s`` is its part),
-    ``tp_comm_s`` the tensor-parallel collectives on the critical path between those kernels,
-    ``host_s`` the time to dispatch them; the pass lasts ``duration_s``.
-    """
-
-    compute_s: float
-    recompute_s: float
-    tp_comm_s: float
-    host_s: float
-    flops: float
-    kernels: int
-    active_s: float  # kernel time at the roofline limit (see cost/energy.py)
-    # Context-parallel K/V gathers and gradient reduce-scatters, before and after attention.
-    cp_comm_s: float = 0.0
-    # Expert-parallel all-to-alls, sending tokens to their experts' ranks and back.
-    ep_comm_s: float = 0.0
-    # Time the device waits for the host within the pass: where the host dispatches more
-    # slowly than short kernels run, the queue runs dry (as the one-device engine finds it).
-    stall_s: float = 0.0
-    # How far the host had run ahead into this pass while the device finished the last one.
-    host_lead_s: float = 0.0
-
-    @property
-    def duration_s(self) -> float:
-        # The host queues kernels ahead of the GPU; where it falls behind, the GPU waits.
-        return max(self.compute_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s
-                   + self.stall_s, self.host_s - self.host_lead_s)
 
 
 @dataclass(frozen=True)
@@ -162,211 +134,6 @@ class ParallelPlan:
             return 0.0
         return collective_seconds("send_recv", self.groups["pipeline"],
                                   self.stages[0].chunks[0].activation_bytes)
-
-
-# An op as a pass's accounting sees it: (layer, name suffix, phase, seconds, active
-# seconds, FLOPs, host seconds beyond the per-op dispatch).
-Costed = tuple[str, str, str, float, float, float, float]
-
-
-def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[Costed]:
-    out: list[Costed] = []
-    for op in ops:
-        kc = kernel_cost(op, device, cal)
-        out.append((op.layer, op.name.rsplit(".", 1)[-1], op.phase, kc.seconds,
-                    active_seconds(kc), op.flops, op_host_extra(op, cal)))
-    return out
-
-
-def grad_ready(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob
-               ) -> tuple[tuple[tuple[float, int, bool], ...], float]:
-    """When each trained layer's gradient is complete within a backward pass (see
-    ``ChunkPlan.grad_ready``), from the pass's ops in order; and the kernel seconds after
-    the last one."""
-    last = {op[0]: i for i, op in enumerate(ops)}
-    out = []
-    gap, block = 0.0, None
-    for i, op in enumerate(ops):
-        gap += op[3]
-        layer = layers.get(op[0])
-        if layer is not None and last[op[0]] == i:
-            params = job.trainable_params((layer,))
-            if params:
-                out.append((gap, params, (layer.block or layer.name) != block))
-                gap, block = 0.0, layer.block or layer.name
-    return tuple(out), gap
-
-
-@dataclass(frozen=True)
-class PassTerms:
-    """What a pass's totals add up, term by term in issue order: kernel by kernel, and
-    collective by collective for the collectives. A pass of several blocks is its parts'
-    terms one after another, so totals summed from joined terms equal those of the pass
-    costed whole, to the last bit (float addition depends on its order)."""
-
-    device: tuple[float, ...]  # kernel seconds
-    active: tuple[float, ...]  # kernel seconds at the roofline limit
-    recompute: tuple[float, ...]  # kernel seconds of the recompute kernels
-    flops: tuple[float, ...]  # FLOPs of the other kernels
-    host: tuple[float, ...]  # dispatch seconds, before the backward() call is charged
-    backward_at: int  # the kernel charged the backward() call (-1: none)
-    tp: tuple[float, ...]  # exposed seconds of each tensor-parallel collective
-    cp: tuple[float, ...]  # seconds of each context-parallel collective
-    ep: tuple[float, ...]  # seconds of each expert-parallel all-to-all
-
-
-def _joined(parts: list[PassTerms]) -> PassTerms:
-    """The terms of parts run one after another."""
-    backward_at, offset = -1, 0
-    for part in parts:
-        if part.backward_at >= 0:
-            backward_at = offset + part.backward_at
-            break
-        offset += len(part.device)
-
-    def chain(field: str) -> tuple[float, ...]:
-        return tuple(itertools.chain.from_iterable(getattr(t, field) for t in parts))
-
-    return PassTerms(chain("device"), chain("active"), chain("recompute"), chain("flops"),
-                     chain("host"), backward_at, chain("tp"), chain("cp"), chain("ep"))
-
-
-def _added(terms: tuple[float, ...]) -> float:
-    """Terms added left to right from 0.0, as a ``+=`` loop adds them (the builtin sum
-    compensates rounding from Python 3.12 on)."""
-    return functools.reduce(operator.add, terms, 0.0)
-
-
-def _pass_groups(job: ParallelJob) -> tuple[CommGroup, CommGroup, CommGroup]:
-    """The groups a pass's collectives cross: tensor, context and expert parallel."""
-    p = job.parallel
-    return (job.topology.place(p.tensor, stride=1),
-            job.topology.place(p.context, stride=p.tensor), expert_group(job))
-
-
-def _pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
-                cal: Calibration, host_per_op: float, act: int,
-                fp8: frozenset[str] = frozenset(),
-                groups: tuple[CommGroup, CommGroup, CommGroup] | None = None) -> PassTerms:
-    """The terms of a pass: kernels in order, each layer's tensor-parallel collectives after
-    it (the ``fp8`` layers gather their inputs already cast: tp_collectives)."""
-    p = job.parallel
-    n = p.microbatch_size
-    tp_group, cp_group, ep_group = groups or _pass_groups(job)
-    # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
-    gemm_s: dict[tuple[str, str], float] = defaultdict(float)
-    passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
-    recompute, flops = [], []
-    for layer, suffix, phase, cost, _, op_flops, _ in ops:
-        if phase == "recompute":
-            recompute.append(cost)
-        else:
-            flops.append(op_flops)
-        gemm_s[(layer, suffix)] += cost
-        if layer in layers:
-            passes.setdefault((phase, layer))
-    tp: list[float] = []
-    cp: list[float] = []
-    ep: list[float] = []
-    # PyTorch's DTensor parallelism keeps a column layer's gathered input for backward
-    kept = job.whole.framework.tensor_parallel == "dtensor"
-    selective = bool(selective_modules(job.checkpointing))
-    for phase, name in passes:
-        if selective and phase == "recompute" and isinstance(layers[name], MoE):
-            continue  # moe_act re-runs the experts' activation alone: nothing to exchange
-        gathered = DTYPE_BYTES["fp8"] if name in fp8 else None  # recompute gathers again
-        for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
-                                                       p.sequence_parallel, p.tp_overlap,
-                                                       gathered, kept):
-            seconds = collective_seconds(collective, tp_group, size)
-            hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
-            if p.tp_overlap and beside:
-                # split into TP chunks pipelined with the product: one chunk stays exposed
-                tp.append(max(seconds / p.tensor, seconds - hidden))
-            else:
-                tp.append(max(0.0, seconds - hidden))
-        for collective, size in cp_collectives(layers[name], phase, n, act):
-            cp.append(collective_seconds(collective, cp_group, size))
-        for collective, size in ep_collectives(layers[name], phase, n, act):
-            ep.append(collective_seconds(collective, ep_group, size))
-    host, backward_at = _host_seconds(ops, layers, cal, host_per_op, job.whole.framework)
-    return PassTerms(tuple(op[3] for op in ops), tuple(op[4] for op in ops), tuple(recompute),
-                     tuple(flops), tuple(host), backward_at, tuple(tp), tuple(cp), tuple(ep))
-
-
-def _work(terms: PassTerms, job: ParallelJob, cal: Calibration,
-          queue: Queue | None = None) -> Work:
-    """Cost a pass from its terms."""
-    compute = _added(terms.device)
-    ep_comm = _added(terms.ep)
-    if job.parallel.ep_overlap:
-        # the other microbatch's compute runs while these all-to-alls are in flight; this
-        # pass's compute stands for it (pipeline warm-up and cool-down have no partner)
-        ep_comm = max(0.0, ep_comm - compute)
-    host = list(terms.host)
-    if terms.backward_at >= 0:
-        host[terms.backward_at] += units.us(cal.overhead.backward_call_us)
-    queue = queue or Queue()
-    lead = max(0.0, queue.done - queue.dispatched)
-    return Work(compute, _added(terms.recompute), _added(terms.tp), sum(host),
-                _added(terms.flops), len(terms.device), _added(terms.active), _added(terms.cp),
-                ep_comm, queue.run(host, list(terms.device)), lead)
-
-
-@dataclass
-class Queue:
-    """The host dispatching kernels into the GPU's queue, one after another (host[i]; the
-    kernel then runs device[i] once the one before it is done), as the one-device engine
-    runs them. It carries over from a pass to the next, so a host that ran ahead during a
-    device-bound forward has a lead when the backward starts."""
-
-    dispatched: float = 0.0
-    done: float = 0.0
-
-    def run(self, host: list[float], device: list[float]) -> float:
-        """Seconds the device idles, waiting for the host, over these kernels."""
-        idle = 0.0
-        dispatched, done = self.dispatched, self.done
-        for h, d in zip(host, device, strict=True):
-            dispatched += h
-            if dispatched > done:
-                idle += dispatched - done
-                done = dispatched
-            done += d
-        self.dispatched, self.done = dispatched, done
-        return idle
-
-
-def _host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
-                  host_per_op: float, stack: Stack | None = None) -> tuple[list[float], int]:
-    """What the host spends dispatching each op of a pass, as the single-device lowering
-    charges it: the op's dispatch, and at a layer's first op its Python and autograd nodes
-    (a compiled block's kernels: their launch alone); and which op is the pass's first
-    backward op, charged the backward() call on top (-1: none)."""
-    o = cal.overhead
-    seen: set[tuple[str, str]] = set()
-    backward_at = -1
-    out = []
-    compiled = ({name for name, la in layers.items() if runs_compiled(la, stack)}
-                if stack is not None and stack.compiled else set())
-    launch = units.us(o.launch_us)
-    calls: dict[tuple[str, str], float] = {}
-    for i, (layer, _, phase, _, _, _, extra) in enumerate(ops):
-        if layer in compiled:
-            # a compiled block: each kernel launched from its graph, no Python per op
-            out.append(launch + extra)
-            continue
-        host = host_per_op + extra
-        if (phase, layer) not in seen and layer in layers:
-            seen.add((phase, layer))
-            kind = (layer_kind(layers[layer]), phase)
-            if kind not in calls:
-                calls[kind] = units.us(o.layer_call_us(*kind))
-            host += calls[kind]
-        if phase == "backward" and backward_at < 0:
-            backward_at = i
-        out.append(host)
-    return out, backward_at
 
 
 class _Layout(NamedTuple):
@@ -550,10 +317,10 @@ def _chunk_plan(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...
     act = stage_job.numerics().act_bytes
     queue = Queue()  # a microbatch's backward follows its forward on the same host
     fp8 = _fp8_layers(stage_job)
-    groups = _pass_groups(job)
-    forward = _work(_pass_terms(fwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
+    groups = pass_groups(job)
+    forward = pass_work(pass_terms(fwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
                     cal, queue)
-    backward = _work(_pass_terms(bwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
+    backward = pass_work(pass_terms(bwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
                      cal, queue)
     kept, working = activation_split(stage_job)
     blocks: dict[str, int] = {}
@@ -620,7 +387,7 @@ def _template(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
     by_name = {la.name: la for la in t_layers}
     act = stage_job.numerics().act_bytes
     fp8 = _fp8_layers(stage_job)
-    groups = _pass_groups(job)
+    groups = pass_groups(job)
 
     def runs_of(pass_ops: list[Costed], order: list[int]) -> list[list[Costed]] | None:
         """The pass's ops part by part, where they run part after part in ``order``."""
@@ -636,7 +403,7 @@ def _template(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
 
     def parts(runs: list[list[Costed]] | None) -> list[PassTerms] | None:
         return None if runs is None else [
-            _pass_terms(run, by_name, job, cal, host_per_op, act, fp8, groups) for run in runs]
+            pass_terms(run, by_name, job, cal, host_per_op, act, fp8, groups) for run in runs]
 
     forward = parts(runs_of([op for op in ops if op[2] == "forward"], [0, 1, 2, 3, 4]))
     backward_runs = runs_of([op for op in ops if op[2] != "forward"], [4, 3, 2, 1, 0])
@@ -675,9 +442,9 @@ def _assembled(t: _Template, index: int, layers: tuple[Layer, ...], blocks: int,
     term by term in the order the chunk runs them."""
     rest = blocks - 1
     queue = Queue()
-    forward = _work(_joined([t.lead.forward, t.first.forward]
+    forward = pass_work(joined([t.lead.forward, t.first.forward]
                             + [t.block.forward] * rest + [t.tail.forward]), job, cal, queue)
-    backward = _work(_joined([t.tail.backward] + [t.block.backward] * rest
+    backward = pass_work(joined([t.tail.backward] + [t.block.backward] * rest
                              + [t.first.backward, t.lead.backward]), job, cal, queue)
     kept = sum(itertools.chain(t.lead.kept, t.first.kept,
                                itertools.chain.from_iterable([t.block.kept] * rest),
@@ -847,14 +614,6 @@ def zero_shard_of(p: ParallelConfig, stage_key: Any, chunks: tuple[ChunkPlan, ..
     if key not in cache:
         cache[key] = expert_share(stage_layers(chunks))
     return _zero_fraction(p, cache[key])
-
-
-def expert_group(job: ParallelJob) -> CommGroup:
-    """The ranks that exchange tokens: adjacent data-parallel ranks, or, when EP spans
-    tensor-parallel ranks too, adjacent ranks from the innermost."""
-    p = job.parallel
-    stride = p.tensor if p.expert <= p.data else 1
-    return job.topology.place(p.expert, stride=stride)
 
 
 def tied_embedding_params(job: ParallelJob, cache: dict[Any, Any] | None = None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gpusim.plan.parallel import Work
+from gpusim.plan.pass_cost import Work
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "tensor_parallel_comm",
                   "context_parallel_comm", "expert_parallel_comm",

@@ -92,7 +92,7 @@ def _schedule(plan: StepPlan, on_gpu: bool) -> tuple[_Step, list[TraceEvent]] | 
     host takes each batch from it and then computes its microbatch in a plain loop: it
     dispatches kernel i at ``dispatched += host_s``, and (after the optimizer) the device
     starts each kernel once it is dispatched and the kernel before is done, the first of a
-    microbatch also once its input copy is (``gpusim.plan.parallel.Queue``'s recurrence).
+    microbatch also once its input copy is (``gpusim.plan.pass_cost.Queue``'s recurrence).
     The host then waits one timeout to the pass's end. The same float operations run in the
     same order as one process step per kernel, so the times and sums are the same. None
     where that order is not the trace's: two processes recording at one instant (the event
