@@ -9,8 +9,9 @@ from gpusim.cli import main
 from gpusim.errors import InvalidConfig
 from gpusim.estimation import build_job
 from gpusim.plan.job import NF4_BYTES, TrainingJob
-from gpusim.plan.lower import microbatch_ops, optimizer_ops
+from gpusim.plan.lower import microbatch_ops
 from gpusim.plan.memory import memory_plan
+from gpusim.plan.optimizer_step import optimizer_ops
 from gpusim.workload.lora import LORA_SUFFIX
 
 

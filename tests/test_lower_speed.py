@@ -14,8 +14,9 @@ from gpusim.estimation import build_job
 from gpusim.hardware.calibration import calibration_for
 from gpusim.plan.autocast import layer_precisions
 from gpusim.plan.job import TrainingJob
-from gpusim.plan.lower import lower, microbatch_ops, optimizer_ops
+from gpusim.plan.lower import lower, microbatch_ops
 from gpusim.plan.memory import activations_by_layer
+from gpusim.plan.optimizer_step import optimizer_ops
 
 JOBS: dict[str, tuple[str, str, int, dict[str, Any]]] = {
     "resnet50-bf16": ("resnet50", "a100-80gb", 8, {"precision": "bf16"}),

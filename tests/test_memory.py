@@ -123,7 +123,7 @@ def test_adafactor_keeps_factored_second_moments(h100: GPUProfile) -> None:
     """Hugging Face's Adafactor (no first moment) keeps a matrix's row and column means and
     a vector whole, in fp32: an MLP's states are a few kilobytes where Adam's are 8 bytes a
     parameter; each tensor's step runs a dozen passes over it."""
-    from gpusim.plan.lower import optimizer_ops
+    from gpusim.plan.optimizer_step import optimizer_ops
 
     model = zoo.get("mnist-mlp")
     adam = memory_plan(TrainingJob(model, h100, 64, "fp32", optimizer="adam"))

@@ -11,7 +11,8 @@ import yaml
 
 from gpusim.hardware.catalog import load_gpu
 from gpusim.plan.job import TrainingJob
-from gpusim.plan.lower import microbatch_ops, optimizer_ops
+from gpusim.plan.lower import microbatch_ops
+from gpusim.plan.optimizer_step import optimizer_ops
 from gpusim.validate.megatron import CASES, job_for, predict
 from gpusim.workload import zoo
 

@@ -357,7 +357,7 @@ def test_a_per_tensor_optimizer_launches_a_kernel_per_tensor_and_pass() -> None:
     stay multi-tensor and the clipping norm and the update run tensor by tensor."""
     from dataclasses import replace
 
-    from gpusim.plan.lower import OPTIMIZER_PASSES, optimizer_ops, parameter_tensors
+    from gpusim.plan.optimizer_step import OPTIMIZER_PASSES, optimizer_ops, parameter_tensors
 
     looped = load_stack("pytorch").model_copy(update={"optimizer": "per_tensor"})
     job, _ = build_job("gpt2", "a100-80gb", 8, precision="fp16")

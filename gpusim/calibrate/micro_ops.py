@@ -25,7 +25,7 @@ from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.catalog import catalog, host_link
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
 from gpusim.plan.job import TrainingJob
-from gpusim.plan.lower import OPTIMIZER_PASSES, pass_ops
+from gpusim.plan.optimizer_step import OPTIMIZER_PASSES, pass_ops
 from gpusim.validate.compare import LayerTiming, isolated_layer_times
 from gpusim.workload.attention import Attention
 from gpusim.workload.formats import model_from_spec

@@ -32,17 +32,13 @@ from gpusim.plan.autocast import layer_precisions, runs_in_fp8
 from gpusim.plan.context_parallel import split_sequence
 from gpusim.plan.expert_parallel import expert_share, fold_experts, hold_experts
 from gpusim.plan.job import TrainingJob
-from gpusim.plan.lower import (
-    lower_step,
-    microbatch_steps,
-    optimizer_ops,
-    parameter_tensors,
-)
+from gpusim.plan.lower import lower_step, microbatch_steps
 from gpusim.plan.memory import (
     activation_split,
     activations_by_layer,
 )
 from gpusim.plan.offload import offload_seconds
+from gpusim.plan.optimizer_step import optimizer_ops, parameter_tensors
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.pass_cost import (
     Costed,
