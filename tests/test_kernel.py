@@ -70,3 +70,40 @@ def test_kernel_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["bound"] == "memory" and data["predicted_s"] > 0
     assert main(["kernel", "--gpu", "h100-sxm", "--op", "gemm", "--m", "8"]) == 2
     assert "needs --n, --k" in capsys.readouterr().err
+
+
+def test_norms_and_activations_as_kernels_beside_their_measurement(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpusim kernel --op rms_norm|layer_norm|gelu|silu_mul`: the micro suite's row kernel,
+    its measurement shown where the suite timed it; the upcast RMS norm moves its chain's
+    passes, under torch.compile the fused form's."""
+    from gpusim.validate.kernel import row_case
+
+    h100 = load_device("h100-sxm")
+    fused = predict_kernel(row_case("rms_norm", 16384, 4096, "forward"), h100)
+    assert fused.measured_s is not None and abs(fused.error or 1.0) < 0.15
+    upcast = predict_kernel(row_case("rms_norm", 16384, 4096, "forward", upcast=True), h100)
+    compiled = predict_kernel(row_case("rms_norm", 16384, 4096, "forward", True, True), h100)
+    assert upcast.bytes == pytest.approx(9 * fused.bytes)  # 18 passes against 2
+    assert compiled.bytes == pytest.approx(fused.bytes)
+    with pytest.raises(InvalidConfig, match="upcast"):
+        row_case("gelu", 16, 1024, "forward", upcast=True)
+    assert main(["kernel", "--gpu", "h100-sxm", "--op", "silu_mul", "--rows", "4096",
+                 "--cols", "4096", "--pass", "backward"]) == 0
+    assert "kernel/silu_mul/4096x4096/backward" in capsys.readouterr().out
+
+
+def test_collectives_as_kernels(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpusim kernel --op allreduce ...`: a collective over --gpus ranks of a system, its
+    algorithm and nccl-tests' bus bandwidth (within 5% of the published 8-GPU NVLS figure,
+    480 GB/s, that benchmarks/collectives.py compares)."""
+    assert main(["kernel", "--system", "dgx-h100", "--op", "allreduce", "--gpus", "8",
+                 "--bytes", str(8 * 2**30), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["algorithm"] == "nvls" and out["bus_bw_gb_s"] == pytest.approx(480, rel=0.05)
+    assert main(["kernel", "--gpu", "h100-sxm", "--op", "alltoall", "--gpus", "16",
+                 "--bytes", "1073741824"]) == 0
+    assert "all_to_all" in capsys.readouterr().out
+    assert main(["kernel", "--gpu", "h100-sxm", "--op", "allgather", "--gpus", "1",
+                 "--bytes", "1024"]) == 2
+    assert main(["kernel", "--op", "gemm", "--m", "8", "--n", "8", "--k", "8"]) == 2

@@ -79,6 +79,21 @@ def attention_case(batch: int, heads: int, kv_heads: int, seq: int, head_dim: in
             "seq": seq, "head_dim": head_dim, "causal": causal, "pass": phase}
 
 
+def row_case(op: str, rows: int, cols: int, phase: str, upcast: bool = False,
+             compiled: bool = False) -> dict[str, Any]:
+    """A bf16 row kernel as the micro suite times it (a norm, an activation): ``upcast`` the
+    RMS norm written as upcasting ops, ``compiled`` under torch.compile."""
+    if upcast and op != "rms_norm":
+        raise InvalidConfig("--upcast is the RMS norm written as separate fp32 ops; "
+                            f"--op {op} has no such form")
+    form = "-".join(w for w in ("upcast" if upcast else "", "compiled" if compiled else "")
+                    if w)
+    return {"id": f"kernel/{op}{'-' + form if form else ''}/{rows}x{cols}/{phase}",
+            "kind": "row_kernel", "op": op, "rows": rows, "cols": cols, "precision": "bf16",
+            "pass": phase, **({"upcast": "cast_back"} if upcast else {}),
+            **({"compiled": True} if compiled else {})}
+
+
 def memory_case(op: str, n_bytes: int) -> dict[str, Any]:
     return {"id": f"elementwise/{op}/{n_bytes}", "kind": "elementwise", "op": op,
             "bytes": n_bytes, "dtype": "fp32"}
