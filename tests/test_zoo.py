@@ -235,8 +235,8 @@ def test_a_parallel_block_reads_one_input_for_attention_and_mlp() -> None:
                                                     "shared_norm": True}))
     neox = build_transformer(base.model_copy(update={"parallel_residual": True}))
 
-    def block(model: object, kind: str) -> list[Elementwise]:
-        return [la for la in model.layers  # type: ignore[attr-defined]
+    def block(model: Model, kind: str) -> list[Elementwise]:
+        return [la for la in model.layers
                 if la.block == "h.0" and isinstance(la, Elementwise) and la.op == kind]
 
     assert [len(block(m, "layer_norm")) for m in (serial, phi, neox)] == [2, 1, 2]

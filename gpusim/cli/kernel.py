@@ -7,7 +7,7 @@ from typing import Any
 
 from gpusim import numbers, units
 from gpusim.calibrate.micro_ops import ROW_KERNEL_LAYERS
-from gpusim.comm.collectives import bus_bandwidth, fastest_algorithm
+from gpusim.comm.collectives import Collective, bus_bandwidth, fastest_algorithm
 from gpusim.errors import InvalidConfig
 from gpusim.estimation import resolve_topology
 from gpusim.hardware.catalog import load_device
@@ -24,7 +24,7 @@ GEMM_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 MEMORY_OPS = ("copy", "add", "sum", "cast")
 ROW_OPS = tuple(ROW_KERNEL_LAYERS)
 # --op name -> the collective, as nccl-tests names its tests
-COLLECTIVE_OPS = {"allreduce": "all_reduce", "allgather": "all_gather",
+COLLECTIVE_OPS: dict[str, Collective] = {"allreduce": "all_reduce", "allgather": "all_gather",
                   "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
                   "broadcast": "broadcast"}
 
@@ -86,9 +86,9 @@ def _collective(args: argparse.Namespace) -> int:
     topo, assumed = resolve_topology(args.gpu, args.system, args.gpus)
     name = COLLECTIVE_OPS[args.op]
     group = topo.place(args.gpus)
-    algorithm, seconds = fastest_algorithm(name, group, float(args.bytes))  # type: ignore[arg-type]
+    algorithm, seconds = fastest_algorithm(name, group, float(args.bytes))
     alg_bw = args.bytes / seconds if seconds else 0.0
-    bus_bw = bus_bandwidth(name, args.gpus, float(args.bytes), seconds)  # type: ignore[arg-type]
+    bus_bw = bus_bandwidth(name, args.gpus, float(args.bytes), seconds)
     where = f"{topo.system.name} x{args.gpus}" + (" (assumed)" if assumed else "")
     if args.json:
         print(numbers.dumps({"collective": name, "system": topo.system.name,

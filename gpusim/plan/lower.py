@@ -40,6 +40,7 @@ from gpusim.plan.optimizer_step import (
     step_in_backward_ops,
 )
 from gpusim.plan.recompute import (
+    activation_only,
     checkpointed_blocks,
     policy_saved,
     recomputed_norm,
@@ -201,9 +202,7 @@ def lower_step(layer: Layer, kind: StepKind, job: TrainingJob, prec: LayerPrecis
     """The kernels of one layer step (see microbatch_steps). ``traits``: the layer's
     _layer_traits, where the caller has them already."""
     weight_cast, compiled = _layer_traits(layer, job) if traits is None else traits
-    if kind == "recompute" and isinstance(layer, MoE) and selective_modules(job.checkpointing):
-        # moe_act: the experts' activation alone (the only recompute of a MoE a selective
-        # mode makes)
+    if kind == "recompute" and activation_only(layer, job.checkpointing):
         ops = [op.with_phase("recompute") for op in layer.forward(job.microbatch_size,
                                                                    prec.numerics)
                if op.name == f"{layer.name}.act"]

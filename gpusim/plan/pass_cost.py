@@ -22,11 +22,11 @@ from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.context_parallel import cp_collectives
 from gpusim.plan.lower import layer_kind
 from gpusim.plan.parallel_job import ParallelJob
-from gpusim.plan.recompute import selective_modules
+from gpusim.plan.recompute import activation_only
 from gpusim.plan.tensor_parallel import tp_collectives
 from gpusim.stack import Stack, runs_compiled
 from gpusim.workload.layers import Layer
-from gpusim.workload.moe import MoE, ep_collectives
+from gpusim.workload.moe import ep_collectives
 from gpusim.workload.ops import DTYPE_BYTES, Op
 
 
@@ -169,10 +169,9 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
     ep: list[float] = []
     # PyTorch's DTensor parallelism keeps a column layer's gathered input for backward
     kept = job.whole.framework.tensor_parallel == "dtensor"
-    selective = bool(selective_modules(job.checkpointing))
     for phase, name in passes:
-        if selective and phase == "recompute" and isinstance(layers[name], MoE):
-            continue  # moe_act re-runs the experts' activation alone: nothing to exchange
+        if phase == "recompute" and activation_only(layers[name], job.checkpointing):
+            continue  # nothing to exchange
         gathered = DTYPE_BYTES["fp8"] if name in fp8 else None  # recompute gathers again
         for collective, size, beside in tp_collectives(layers[name], phase, n, act, p.tensor,
                                                        p.sequence_parallel, p.tp_overlap,

@@ -87,6 +87,13 @@ def recomputed_norm(layer: Layer, reader: Layer | None, modules: frozenset[str])
             and layer.op in ("layer_norm", "rms_norm") and isinstance(reader, MoE))
 
 
+def activation_only(layer: Layer, mode: str) -> bool:
+    """Whether a re-run of ``layer`` under ``mode`` is its experts' activation alone: the
+    only recompute of a mixture of experts a selective mode makes (moe_act), which
+    exchanges nothing."""
+    return isinstance(layer, MoE) and bool(selective_modules(mode))
+
+
 def checkpointed_blocks(mode: str, model: Model) -> frozenset[str]:
     """Body blocks that the mode wraps in a checkpoint (their forward runs again)."""
     if mode == "none" or mode.startswith("selective"):

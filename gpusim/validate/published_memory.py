@@ -30,7 +30,7 @@ from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan
 from gpusim.plan.memory_report import peak_plan
 from gpusim.stack import Stack, load_stack
-from gpusim.validate.torchtitan import torchtitan_pipeline
+from gpusim.validate.torchtitan import MID_2025_COMMITS, torchtitan_pipeline
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -59,10 +59,10 @@ STACKS = [("transformers (aug 2022)", "hf-transformers-2022"),
           # torchtitan 0.0.2 beside torch 2.7.0a0 and torchao 0.10 dev builds: early 2025,
           # before its loss was compiled (bbb1b616e, 2025-04-02)
           ("torchtitan 0.0.2", "torchtitan-2024"),
-          # torchtitan of June to August 2025 (its async-TP and H200 pages, torchao's B200
-          # and MI300X runs): nn.RMSNorm and a compiled loss, K/V still repeated
-          ("torchtitan @e7c0cae", "torchtitan-2025"), ("torchtitan @6fc499f6", "torchtitan-2025"),
-          ("torchtitan @2c8b5947", "torchtitan-2025"), ("torchtitan", "torchtitan")]
+          # torchtitan of June to August 2025: nn.RMSNorm and a compiled loss, K/V still
+          # repeated
+          *[(f"torchtitan @{c}", "torchtitan-2025") for c in MID_2025_COMMITS],
+          ("torchtitan", "torchtitan")]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from gpusim.hardware.catalog import load_gpu
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.parallel_job import uneven_split
 from gpusim.stack import Stack, load_stack
-from gpusim.validate.torchtitan import torchtitan_pipeline
+from gpusim.validate.torchtitan import MID_2025_COMMITS, torchtitan_pipeline
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -33,8 +33,6 @@ CASES_FILE = data_dir("published") / "throughput.yaml"
 # More cases, collected later: mixtures of experts (Megatron-Bridge, Megatron-MoE-ModelZoo,
 # NeMo AutoModel on H100) and dense runs on AMD MI300X and MI325X.
 MORE_CASES_FILE = data_dir("published") / "throughput_more.yaml"
-# torchtitan commits of mid 2025 (stacks/torchtitan-2025.yaml) that published pages ran at
-TORCHTITAN_2025 = ("820504e", "e7c0cae")
 RECOMPUTE = {"selective-op": "per-op", "full": "full", "none": "none"}
 
 
@@ -128,7 +126,7 @@ def _stack(case: dict[str, Any]) -> str:
     if "torchtitan" in source:
         # the commit the page ran at: 2025's (June: async TP, H200) or December 2024's
         framework = str(case["framework"])
-        return "torchtitan-2025" if any(c in framework for c in TORCHTITAN_2025) \
+        return "torchtitan-2025" if any(c in framework for c in MID_2025_COMMITS) \
             else "torchtitan-2024"
     if "Megatron" in source:
         return "megatron"

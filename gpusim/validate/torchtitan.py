@@ -1,10 +1,14 @@
-"""How torchtitan pipelines a local batch when a published run leaves it unstated: the
-defaults of its pipeline code, at the commit its published benchmarks ran."""
+"""torchtitan as its published runs ran it: how it pipelines a local batch when a run leaves
+it unstated (the defaults of its pipeline code, at the commit its benchmarks ran), and which
+commits belong to its mid-2025 stack."""
 
 from __future__ import annotations
 
 from typing import Any
 
+# The torchtitan commits of mid 2025 that published runs name (its June 2025 async-TP and
+# H200 pages; torchao's August 2025 B200 and MI300X runs): stacks/torchtitan-2025.yaml.
+MID_2025_COMMITS = ("820504e", "e7c0cae", "6fc499f6", "2c8b5947")
 
 def torchtitan_pipeline(t: dict[str, Any], pp: int, local: int, layers: int
                          ) -> tuple[int, int, str, int, tuple[int, ...]]:
