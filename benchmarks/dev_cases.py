@@ -21,7 +21,7 @@ from gpusim.errors import GpusimError
 from gpusim.estimation import build_job, estimate, simulate_step
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_gpu
-from gpusim.stack import load_stack
+from gpusim.stack import Stack, load_stack
 from gpusim.workload.model import Model
 from gpusim.workload.zoo.transformer import TRANSFORMERS, build_transformer
 from gpusim.workload.zoo.transformer_xl import TRANSFORMER_XLS, build_transformer_xl
@@ -42,6 +42,27 @@ MAX_PREDICTIONS = {128: 20, 512: 80}
 # train.py clips with torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer)), one norm
 # per tensor in the PyTorch of its container (20.06).
 TXL_STACK = load_stack("pytorch").model_copy(update={"optimizer": "per_tensor"})
+# DeepLearningExamples' SQuAD fine-tuning reads the gradients' norm on the host before every
+# optimizer step, and without --fp16 steps BertAdam, a Python loop that also clips each
+# parameter by its own norm; with --fp16 it steps apex's FusedAdam under amp O2 (the fp32
+# master weights _samples_per_s gives fp16 rows).
+_SQUAD = "NVIDIA/DeepLearningExamples PyTorch/LanguageModeling/BERT/run_squad.py @729963dd4"
+_PYTORCH = load_stack("pytorch")
+
+
+def _squad_stack(bert_adam: bool) -> Stack:
+    sources = {**_PYTORCH.sources, "sync_before_step": (
+        f"{_SQUAD}: GradientClipper.step calls total_norm.item() on apex's "
+        "multi_tensor_l2norm before optimizer.step(), every step")}
+    if bert_adam:
+        sources["optimizer"] = (f"{_SQUAD}: BertAdam unless --fp16; optimization.py @729963dd4 "
+                                "BertAdam.step loops over the parameters")
+    return Stack.model_validate({**_PYTORCH.model_dump(), "sources": sources,
+                                 "sync_before_step": True,
+                                 "optimizer": "bert_adam" if bert_adam else _PYTORCH.optimizer})
+
+
+SQUAD_STACKS = {False: _squad_stack(bert_adam=True), True: _squad_stack(bert_adam=False)}
 PHASE2_BINNED = ("phase 2 trains on sequences binned by length (scripts/run_pretraining.sh "
                  "@729963dd4 reads pretrain/phase2/bin_size_64: each batch is padded to its "
                  "bin, not to 512), and the mean length is not stated")
@@ -97,9 +118,12 @@ def _case(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
             return None, why
         micro, total = batches
         precision = PRECISIONS[par["precision"]]
-        return {"gpu": gpu, "precision": precision, "loader_workers": 0, "model": bert,
+        args = {"gpu": gpu, "precision": precision, "loader_workers": 0, "model": bert,
                 "batch_size": total, "grad_accum": total // micro,
-                "fp16_weights": precision == "fp16"}, ""
+                "fp16_weights": precision == "fp16"}
+        if "squad" in row["id"]:
+            args["stack"] = SQUAD_STACKS[precision == "fp16"]
+        return args, ""
     if par.get("batch_per_gpu") is None:
         return None, "batch per GPU not stated unambiguously"
     args: dict[str, Any] = {"gpu": gpu, "precision": PRECISIONS[par["precision"]],

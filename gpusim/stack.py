@@ -66,7 +66,11 @@ class Stack(BaseModel):
     # the optimizer's implementation: foreach (torch.optim's default on GPUs) computes over
     # all parameters at once and allocates a temporary of their size; fused and per_tensor
     # (a Python loop over parameters) allocate nothing of that size
-    optimizer: Literal["foreach", "fused", "per_tensor"] = "foreach"
+    optimizer: Literal["foreach", "fused", "per_tensor", "bert_adam"] = "foreach"
+    # whether the host reads a value from the device before the optimizer step (a gradient
+    # norm or an overflow flag through .item()): the device drains its queue, and the step's
+    # dispatch no longer overlaps the backward pass's kernels. Cited in ``sources`` where set.
+    sync_before_step: bool = False
     # the attention kernel: auto (SDPA picks it on the device, as the calibration's default
     # fused kernel describes), a named fused kernel, or math (matmul, softmax, matmul: the
     # seq x seq scores in memory)
@@ -114,6 +118,8 @@ class Stack(BaseModel):
             missing.append("tensor_parallel")
         if self.fsdp != "per_parameter" and "fsdp" not in self.sources:
             missing.append("fsdp")
+        if self.sync_before_step and "sync_before_step" not in self.sources:
+            missing.append("sync_before_step")
         if missing:
             raise ValueError(f"sources must cite where each choice comes from; missing "
                              f"{', '.join(missing)}")
@@ -139,8 +145,13 @@ class Stack(BaseModel):
                      else f"{self.attention} attention")
         loss = {"upcast": "loss on fp32 logits", "native": "loss on 16-bit logits",
                 "fused": "fused cross-entropy on 16-bit logits"}[self.loss]
+        optimizer = ("BertAdam (a loop over parameters, each clipped by its own norm)"
+                     if self.optimizer == "bert_adam"
+                     else f"{self.optimizer.replace('_', '-')} optimizer")
         rest = (f"gradients {'freed' if self.zero_grad == 'to_none' else 'kept'} between "
-                f"steps, {self.optimizer.replace('_', '-')} optimizer")
+                f"steps, {optimizer}"
+                + (", the host waiting for a gradient norm before it" if self.sync_before_step
+                   else ""))
         if self.compiled:
             outside = "the head eager, the loss compiled" if self.compile_loss else \
                 "the head and loss eager"

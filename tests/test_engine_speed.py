@@ -115,8 +115,33 @@ def test_same_as_a_step_per_kernel_where_records_tie() -> None:
             optimizer=kernels(["optimizer"] * rng.randint(0, 3)),
             accum=rng.choice([1, 2, 4]), input_copy_s=rng.randint(0, 4) * grid,
             loader_s_per_microbatch=rng.randint(1, 32) * grid,
-            loader_workers=rng.choice([0, 1, 2, 4]))
+            loader_workers=rng.choice([0, 1, 2, 4]),
+            sync_before_optimizer=rng.random() < 0.3)
         for on_gpu in (True, False):
             fast += engine._schedule(plan, on_gpu) is not None
             _same(simulate(plan, on_gpu=on_gpu), engine._simulate_events(plan, on_gpu=on_gpu))
     assert fast > 100  # most still take the fast path
+
+
+def test_a_sync_before_the_optimizer_drains_the_queue() -> None:
+    # A backward pass far longer than its dispatch, and an optimizer step whose dispatch is
+    # slower than its kernels: without a sync the host dispatches the step while the device
+    # still runs the backward pass; after a sync (a gradient norm's .item()) the step's
+    # dispatch follows the backward pass and sets the step's pace.
+    base, _ = _plan("mnist-mlp", "h100-sxm", 64, {"precision": "fp32"})
+    kernel = base.microbatch[0]
+    micro = tuple(replace(kernel, name=f"b{i}", phase="backward", device_s=1.0, host_s=0.01)
+                  for i in range(4))
+    opt = tuple(replace(kernel, name=f"o{i}", phase="optimizer", device_s=0.01, host_s=0.1)
+                for i in range(10))
+    plan = replace(base, microbatch=micro, optimizer=opt, accum=1, input_copy_s=0.0,
+                   loader_workers=0)
+    overlapped = simulate(plan, on_gpu=True)
+    synced_plan = replace(plan, sync_before_optimizer=True)
+    synced = simulate(synced_plan, on_gpu=True)
+    assert overlapped.step_time_s == pytest.approx(4.0 + 0.01 * 10 + 0.01)
+    assert synced.step_time_s == pytest.approx(0.01 + 4.0 + 10 * 0.1 + 0.01)
+    assert synced.breakdown_s["host_dispatch"] == pytest.approx(0.01 + 10 * 0.1 - 9 * 0.01)
+    syncs = [e for e in synced.trace.events if e.name == "synchronize"]
+    assert len(syncs) == 2 * 2  # before each simulated step's optimizer, and at its end
+    _same(synced, engine._simulate_events(synced_plan, on_gpu=True))

@@ -435,3 +435,46 @@ def test_mid_2025_torchtitan_pages_run_on_their_own_stack() -> None:
                  "torchao_float8_llama3_8b_mi300x_fsdp8_sac_compile_bf16"):
         assert cases[case].job is not None, cases[case].skipped  # B200 and MI300X modelled
         assert cases[case].job.stack.name == "torchtitan-2025"
+
+
+def test_bert_adam_clips_each_tensor_and_decays_the_matrices() -> None:
+    """DeepLearningExamples' BertAdam loops over the parameters: per tensor, the gradient
+    clipped by its own norm (seven kernels, five of them one element), the moments and the
+    update in twelve more, and two for weight decay on the matrices only (run_squad.py's
+    no_decay names the biases and LayerNorm weights)."""
+    from dataclasses import replace
+
+    from gpusim.plan.optimizer_step import optimizer_ops
+
+    job, _ = build_job("bert-large", "a100-80gb", 8, precision="tf32", seq_len=128)
+    assert isinstance(job, TrainingJob)
+    matrices = vectors = 0
+    for lay in job.model.layers:
+        for size, factored in zip(lay.tensor_sizes(), lay.factored_sizes(), strict=True):
+            matrices += factored < size
+            vectors += factored == size
+    assert matrices >= 24 * 4 and vectors >= 24 * 8  # each block's weights; biases, norms
+    bert_adam = load_stack("pytorch").model_copy(update={"optimizer": "bert_adam"})
+    ops = optimizer_ops(replace(job, stack=bert_adam))
+    assert len(ops) == 19 * matrices + 17 * vectors
+    assert sum(op.bytes == 2 * 4 for op in ops) == 5 * (matrices + vectors)  # one element
+    clipped = [op for op in ops if ".clip_mul_." in op.name]
+    total = sum(size for lay in job.model.layers for size in lay.tensor_sizes())
+    assert sum(op.bytes for op in clipped) == pytest.approx(8 * total)  # read, write fp32
+    slower = estimate("bert-large", "a100-80gb", 8, precision="tf32", seq_len=128,
+                      stack=bert_adam)
+    assert slower.step.breakdown_s["optimizer"] > estimate(
+        "bert-large", "a100-80gb", 8, precision="tf32", seq_len=128,
+        stack=load_stack("pytorch").model_copy(update={"optimizer": "per_tensor"})
+    ).step.breakdown_s["optimizer"]
+
+
+def test_a_sync_before_the_step_needs_its_source() -> None:
+    from gpusim.stack import Stack
+
+    base = load_stack("pytorch").model_dump()
+    with pytest.raises(ValueError, match="sync_before_step"):
+        Stack.model_validate({**base, "sync_before_step": True})
+    synced = Stack.model_validate({**base, "sync_before_step": True, "sources": {
+        **base["sources"], "sync_before_step": "a training script's clip_grad_norm_().item()"}})
+    assert "waiting for a gradient norm" in synced.describe()

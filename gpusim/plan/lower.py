@@ -82,6 +82,9 @@ class StepPlan:
     loader_workers: int
     model_flops_per_step: float
     calibration: Calibration
+    # the host reads a value from the device (a gradient norm, an overflow flag) before it
+    # dispatches the optimizer step, so the device drains its queue first
+    sync_before_optimizer: bool = False
 
     @property
     def active_s_per_step(self) -> float:
@@ -378,4 +381,5 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
         op.flops for op in ops if op.phase in ("forward", "backward")
     )
     return StepPlan(micro, opt, job.grad_accum, n, copy_s,
-                    n * job.model.input.loader_cpu_s, job.loader_workers, model_flops, cal)
+                    n * job.model.input.loader_cpu_s, job.loader_workers, model_flops, cal,
+                    sync_before_optimizer=bool(opt) and job.framework.sync_before_step)

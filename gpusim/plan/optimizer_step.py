@@ -41,6 +41,27 @@ OPTIMIZER_PASSES: dict[str, list[Pass]] = {
                   ("add_", 2, 1, False)],
 }
 
+# DeepLearningExamples' BertAdam (PyTorch/LanguageModeling/BERT/optimization.py @729963dd4,
+# BertAdam.step), a Python loop over the parameters: each gradient clipped by its own norm
+# (torch.nn.utils.clip_grad_norm_ on the one tensor: its norm, the norm of that norm, the
+# clip coefficient and its clamp as one-element ops, then the gradient scaled), the moments'
+# updates in place, then the update as separate ops: m / (sqrt(v) + eps), plus
+# weight_decay * p where the parameter decays, times the scheduled learning rate, negated and
+# added to the weight. A pass reading and writing nothing is a one-element op.
+_BERT_CLIP: list[Pass] = [("clip_norm", 1, 0, False), ("clip_stack", 0, 0, True),
+                          ("clip_total_norm", 0, 0, True), ("clip_add_eps", 0, 0, True),
+                          ("clip_coef", 0, 0, True), ("clip_clamp", 0, 0, True),
+                          ("clip_mul_", 1, 1, False)]
+_BERT_UPDATE: list[Pass] = [("mul_", 1, 1, False), ("add_", 2, 1, False), ("mul_", 1, 1, False),
+                            ("addcmul_", 2, 1, False), ("sqrt", 1, 1, True),
+                            ("add", 1, 1, True), ("div", 2, 1, True)]
+_BERT_DECAY: list[Pass] = [("decay_mul", 1, 1, True), ("decay_add_", 2, 1, False)]
+_BERT_APPLY: list[Pass] = [("lr_mul", 1, 1, True), ("neg", 1, 1, True), ("add_", 2, 1, False)]
+# run_squad.py's optimizer_grouped_parameters: no decay for 'bias', 'LayerNorm.bias' and
+# 'LayerNorm.weight', the vectors; the weight matrices and embeddings decay.
+BERT_ADAM_PASSES = {"decayed": _BERT_CLIP + _BERT_UPDATE + _BERT_DECAY + _BERT_APPLY,
+                    "not_decayed": _BERT_CLIP + _BERT_UPDATE + _BERT_APPLY}
+
 # Megatron-LM's mixed-precision optimizer (Float16OptimizerWithFloat16Params) around apex's
 # fused multi-tensor kernels, in fp32-element units (0.5: a 16-bit tensor). fp16 gradients
 # are copied into fp32 main gradients and unscaled (bf16 ones accumulate in fp32 already);
@@ -80,6 +101,20 @@ def parameter_tensors(layers: Iterable[Layer], is_trainable: Callable[[str], boo
             for size in lay.tensor_sizes()]
 
 
+def _bert_adam_ops(job: TrainingJob, gpu: bool) -> list[Op]:
+    """BertAdam's loop: a kernel per pass per tensor, the matrices with weight decay."""
+    matrices: list[int] = []
+    vectors: list[int] = []
+    for lay in job.model.layers:
+        if lay.params and job.is_trainable(lay.name):
+            for size, factored in zip(lay.tensor_sizes(), lay.factored_sizes(), strict=True):
+                # a matrix's factored moment (its row and column sums) is smaller than it
+                (matrices if factored < size else vectors).append(size)
+    return [*pass_ops(BERT_ADAM_PASSES["decayed"], matrices, gpu, per_tensor=True),
+            *pass_ops(BERT_ADAM_PASSES["not_decayed"], vectors, gpu, per_tensor=True,
+                      prefix="no_decay.")]
+
+
 def optimizer_ops(job: TrainingJob) -> list[Op]:
     """The optimizer step over the trainable tensors, pass by pass: on a GPU each pass is a
     few foreach kernels over lists of tensors; on a CPU, or where the stack's optimizer
@@ -89,8 +124,12 @@ def optimizer_ops(job: TrainingJob) -> list[Op]:
     sizes = parameter_tensors(job.model.layers, job.is_trainable)
     if not sizes:
         return []
-    per_tensor = job.framework.optimizer == "per_tensor"
+    per_tensor = job.framework.optimizer in ("per_tensor", "bert_adam")
     gpu = job.device.is_gpu
+    bert_adam = (job.framework.optimizer == "bert_adam" and job.optimizer in ("adam", "adamw")
+                 and not job.master_weights)
+    if bert_adam:
+        return _bert_adam_ops(job, gpu)
     if job.master_weights and job.mixed_precision:
         before, update, after = _megatron_passes(job)
         if not per_tensor:
@@ -121,8 +160,9 @@ def pass_ops(passes: list[Pass], sizes: list[int], gpu: bool,
         chunks = [float(s) for s in sizes]
     ops = []
     for name, reads, writes, allocates in passes:
+        scalar = not reads and not writes  # a one-element op (a step count, a norm's norm)
         for i, elements in enumerate(chunks):
-            if name == "step":
+            if scalar:
                 elements, reads, writes = 1.0, 1.0, 1.0
             ops.append(memory_op(f"{prefix}optimizer.{name}.{i}", reads * elements,
                                  writes * elements, element_bytes, allocates=allocates,

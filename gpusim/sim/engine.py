@@ -5,7 +5,8 @@ Processes and resources:
   in steady state, so a batch is ready every loader time / workers);
 - the host thread takes a batch, starts its host-to-device copy on the copy engine, then
   dispatches every kernel (framework dispatch plus launch) into the compute stream's queue,
-  and synchronizes at the end of each step (as reading the loss does);
+  and synchronizes at the end of each step (as reading the loss does), and before the
+  optimizer step where the stack reads a value there (a gradient norm's ``.item()``);
 - the compute stream runs kernels in order, each after its dependency (the copy) completes.
 
 On a CPU device there is no separate stream: the host thread dispatches and computes.
@@ -132,6 +133,32 @@ def _schedule(plan: StepPlan, on_gpu: bool) -> tuple[_Step, list[TraceEvent]] | 
             if env.now != t:
                 landed[0] = False
 
+    def drain(items: list[tuple[Kernel | None, float | None, int, Any, float,
+                                tuple[float, float]]],
+              t: float, free: float) -> tuple[float, float]:
+        """The device runs the queued ``items`` up to the host's synchronize (the last
+        item), which the host, at ``t``, waits for: the host's and the device's times
+        after it."""
+        for kernel, dep, kstep, micro, queued, (w0, w1) in items:
+            now = free
+            if queued > free:  # the queue ran dry (else both terms are 0)
+                now = queued
+                waited = max(0.0, min(now, w1) - max(free, w0))
+                add(kstep, micro, "input_pipeline", waited)
+                add(kstep, micro, "host_dispatch", now - free - waited)
+            if kernel is None:  # the synchronize: the queue has drained
+                host_recs.append((now, _HOST, trace_event("host", _SYNC, t, now, "sync")))
+                return now, now
+            if dep is not None and dep > now:
+                add(kstep, micro, "input_pipeline", dep - now)
+                now = dep
+            end = now + kernel.device_s
+            add(kstep, micro, kernel.phase, kernel.device_s)
+            compute_recs.append((end, _COMPUTE, trace_event(
+                "compute", kernel.name, now, end, kernel.phase)))
+            free = end
+        return t, free
+
     def host() -> Any:
         copy_s = plan.input_copy_s
         last = len(plan.microbatch) - 1
@@ -184,6 +211,10 @@ def _schedule(plan: StepPlan, on_gpu: bool) -> tuple[_Step, list[TraceEvent]] | 
                 if not landed[0]:
                     return
             t = env.now
+            if on_gpu and plan.sync_before_optimizer:  # the host reads a value first
+                items.append((None, None, step, "tail", t, window))
+                t, free = drain(items, t, free)
+                items = []
             for k in plan.optimizer:
                 start = t
                 t = t + k.host_s
@@ -202,26 +233,7 @@ def _schedule(plan: StepPlan, on_gpu: bool) -> tuple[_Step, list[TraceEvent]] | 
                                                             k.phase)))
             if on_gpu:  # the device runs the step's queue; the host synchronizes
                 items.append((None, None, step, "tail", t, window))
-                for kernel, dep, kstep, micro, queued, (w0, w1) in items:
-                    now = free
-                    if queued > free:  # the queue ran dry (else both terms are 0)
-                        now = queued
-                        waited = max(0.0, min(now, w1) - max(free, w0))
-                        add(kstep, micro, "input_pipeline", waited)
-                        add(kstep, micro, "host_dispatch", now - free - waited)
-                    if kernel is None:  # the synchronize: the queue has drained
-                        host_recs.append((now, _HOST, trace_event("host", _SYNC, t, now,
-                                                                  "sync")))
-                        t = free = now
-                        break
-                    if dep is not None and dep > now:
-                        add(kstep, micro, "input_pipeline", dep - now)
-                        now = dep
-                    end = now + kernel.device_s
-                    add(kstep, micro, kernel.phase, kernel.device_s)
-                    compute_recs.append((end, _COMPUTE, trace_event(
-                        "compute", kernel.name, now, end, kernel.phase)))
-                    free = end
+                t, free = drain(items, t, free)
             yield from until(t)
             if not landed[0]:
                 return
@@ -312,6 +324,12 @@ def _simulate_events(plan: StepPlan, *, on_gpu: bool) -> SimResult:
                         yield stream.put((k, dep if i == 0 else None, step, micro))
                     else:
                         yield from run_on_cpu(k, step, micro)
+            if on_gpu and plan.sync_before_optimizer:  # the host reads a value first
+                done = env.event()
+                sync_start = env.now
+                yield stream.put((None, done, step, "tail"))
+                yield done
+                events.append(TraceEvent("host", "synchronize", sync_start, env.now, "sync"))
             for k in plan.optimizer:
                 if on_gpu:
                     start = env.now
