@@ -478,3 +478,22 @@ def test_a_sync_before_the_step_needs_its_source() -> None:
     synced = Stack.model_validate({**base, "sync_before_step": True, "sources": {
         **base["sources"], "sync_before_step": "a training script's clip_grad_norm_().item()"}})
     assert "waiting for a gradient norm" in synced.describe()
+
+
+def test_the_host_waits_before_the_step_where_a_value_is_read() -> None:
+    """PyTorch's GradScaler reads its inf check before optimizer.step() under fp16 autocast;
+    Megatron-LM reads the gradient norm (and, in fp16, its inf check); bf16 autocast with
+    torch.optim reads nothing."""
+    from gpusim.plan.lower import lower
+
+    def syncs(**options: object) -> bool:
+        job, _ = build_job("gpt2", "a100-80gb", 8, **options)
+        assert isinstance(job, TrainingJob)
+        return lower(job).sync_before_optimizer
+
+    assert syncs(precision="fp16")
+    assert not syncs(precision="bf16")
+    assert syncs(precision="bf16", stack="megatron")
+    job, _ = build_job("gpt2", "xeon6-2vcpu", 8, precision="fp32", stack="megatron")
+    assert isinstance(job, TrainingJob)
+    assert not lower(job).sync_before_optimizer  # a CPU has no queue to drain

@@ -301,6 +301,15 @@ def layer_kind(layer: Layer) -> str:
             CrossEntropy: "cross_entropy"}.get(type(layer), type(layer).__name__.lower())
 
 
+def _syncs_before_step(job: TrainingJob) -> bool:
+    """Whether the host waits for the device before the optimizer step: the stack reads a
+    value there, or PyTorch's GradScaler does under fp16 autocast (torch/amp/grad_scaler.py,
+    GradScaler._maybe_opt_step: ``sum(v.item() for v in found_inf_per_device.values())``
+    decides whether optimizer.step() runs)."""
+    grad_scaler = job.precision == "fp16" and not job.master_weights
+    return job.device.is_gpu and (job.framework.sync_before_step or grad_scaler)
+
+
 def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     """The step plan of ``job``, every kernel costed for its device (under ``calibration``
     when given, else the device's own)."""
@@ -382,4 +391,4 @@ def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     )
     return StepPlan(micro, opt, job.grad_accum, n, copy_s,
                     n * job.model.input.loader_cpu_s, job.loader_workers, model_flops, cal,
-                    sync_before_optimizer=bool(opt) and job.framework.sync_before_step)
+                    sync_before_optimizer=bool(opt) and _syncs_before_step(job))
