@@ -23,11 +23,19 @@ _ENERGY = ("energy: each device draws idle power, plus (power limit - idle) whil
 
 
 def power_limit_line(device: DeviceProfile) -> str | None:
-    """What a board power limit below the TDP does to the estimate, in words; None at the
-    TDP."""
-    if device.power_limit >= device.tdp_w:
-        return None
+    """What a board power limit below the TDP, or a die allowed more or less power than the
+    one the calibration was measured on, does to the estimate, in words; None where
+    neither applies."""
     cal = calibration_for(device)
+    if device.power_limit >= device.tdp_w:
+        factor = compute_rate_factor(device, cal.idle_power_fraction, cal.power)
+        if cal.power is None or abs(factor - 1.0) < 0.005:
+            return None
+        return (f"{device.name} at its {device.tdp_w:g} W TDP: compute-bound kernels at "
+                f"{factor:.0%} of the rate its calibration (measured on "
+                f"{cal.power.measured_device}) gives, for the clock its power allows a die of "
+                f"its compute units and boost clock ({cal.power.name}); memory-bound kernels "
+                f"unchanged")
     head = f"{device.name} held to a {device.power_limit:g} W power limit (TDP {device.tdp_w:g} W)"
     if cal.power is None:
         return (f"{head}: not modelled, no power calibration for {device.architecture}; "

@@ -93,12 +93,15 @@ def test_the_fit_recovers_the_model_that_made_the_sweep() -> None:
 def test_the_shipped_power_fit_is_the_fit_of_the_published_sweeps() -> None:
     path = data_dir("measurements") / "published" / "power_limits.yaml"
     rows = yaml.safe_load(path.read_text())["rows"]
+    measured = {"hopper": "h100-sxm", "cdna3": "mi300x"}
+    assert set(sweeps(rows)) == set(measured)
     for arch, points in sweeps(rows).items():
         shipped = load_power_file(power_file(arch))
-        idle = calibration_for(load_gpu("h100-sxm")).idle_power_fraction
+        idle = calibration_for(load_gpu(measured[arch])).idle_power_fraction
         refit = fit(arch, points, idle, [])
         assert (refit.demand_fraction, refit.exponent) == (
             shipped.demand_fraction, shipped.exponent)
+        assert shipped.measured_device == measured[arch]
 
 
 def test_every_published_power_row_names_its_source() -> None:
@@ -107,3 +110,29 @@ def test_every_published_power_row_names_its_source() -> None:
     for row in data["rows"] + data.get("rows_uncatalogued_devices", []):
         assert row["source"].get("url") and row["source"].get("where"), row["id"]
         assert row["kind"] in ("gemm", "clock", "training", "triad"), row["id"]
+
+
+def test_a_part_on_the_same_die_takes_the_clock_its_own_limit_allows() -> None:
+    """Powers are on the measured device's scale, another part's demand grown with its
+    compute units times its boost clock: an MI325X (MI300X die, 1000 W against 750 W)
+    keeps a higher clock, an H100 PCIe (114 SMs at 1755 MHz, 350 W) a lower one; parts of
+    the measured die at its TDP are unchanged."""
+    def factor(name: str) -> float:
+        device = load_gpu(name)
+        cal = calibration_for(device)
+        return compute_rate_factor(device, cal.idle_power_fraction, cal.power)
+
+    assert factor("mi300x") == 1.0 and factor("h100-sxm") == 1.0 and factor("h200") == 1.0
+    # AMD's Table 1 (Measuring Max-Achievable FLOPs, Part 2): bf16 843 against 708 TFLOP/s
+    assert factor("mi325x") == pytest.approx(843 / 708, rel=0.03)
+    assert 0.8 < factor("h100-pcie") < 0.92
+    assert factor("h100-sxm-96gb") == pytest.approx(0.913, abs=0.01)  # its 500 W limit
+
+
+def test_one_source_s_runs_on_two_parts_of_one_die_are_a_sweep() -> None:
+    path = data_dir("measurements") / "published" / "power_limits.yaml"
+    rows = yaml.safe_load(path.read_text())["rows"]
+    cdna3 = sweeps(rows)["cdna3"]
+    assert {p.sweep.split(":")[0] for p in cdna3} == {"mi300x/mi325x"}
+    limits = sorted({round(p.limit_fraction, 3) for p in cdna3})
+    assert limits == [1.0, round(1000 / 750, 3)]  # on the MI300X's scale

@@ -27,7 +27,12 @@ import yaml
 from gpusim.data import data_dir
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.catalog import load_gpu
-from gpusim.hardware.power import PowerCalibration, clock_fraction, power_file
+from gpusim.hardware.power import (
+    PowerCalibration,
+    clock_fraction,
+    on_reference_scale,
+    power_file,
+)
 from gpusim.hardware.profile import DeviceProfile
 
 SWEEPS = Path("published") / "power_limits.yaml"
@@ -38,50 +43,68 @@ MATRIX_PRECISIONS = ("bf16", "fp16", "tf32", "fp8", "int8")
 @dataclass(frozen=True)
 class Point:
     """One limit of one sweep: the rate relative to the sweep's highest limit's (a
-    throughput), or to the boost clock (``top_fraction`` None: a sustained clock)."""
+    throughput), or to the boost clock (``top_fraction`` None: a sustained clock). Powers
+    are fractions of the reference device's TDP, scaled to the die (see
+    gpusim.hardware.power); ``idle`` and ``top_idle`` are the boards' idle powers on that
+    scale (None: the architecture's idle fraction)."""
 
     sweep: str
-    limit_fraction: float  # of TDP
-    top_fraction: float | None  # the sweep's highest limit, of TDP
+    limit_fraction: float  # of the reference TDP
+    top_fraction: float | None  # the sweep's highest limit, of the reference TDP
     relative: float
     source: str = ""
+    idle: float | None = None
+    top_idle: float | None = None
+
+
+def reference_device(device: DeviceProfile) -> str:
+    """The device ``device``'s architecture calibration was measured on (its micro file's
+    folder), whose TDP the architecture's power fit is a fraction of."""
+    cal = calibration_for(device, own=False)
+    return Path(cal.fitted_on[0]).parent.name if cal.fitted_on else device.name
 
 
 def sweeps(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
     """Per architecture, the points of every sweep of dense matrix work with two or more
-    limits (fp64 runs other units, and is left out)."""
-    series: dict[tuple[str, str, str, str], list[tuple[float, float]]] = defaultdict(list)
+    limits (fp64 runs other units, and is left out). A sweep is one source's runs of one
+    workload (a row's ``sweep`` names it where devices word it differently) on one die:
+    devices of the same compute units and boost clock (an MI300X at 750 W and an MI325X at
+    1000 W) are one die at two limits."""
+    series: dict[tuple[Any, ...], list[tuple[float, float, float, DeviceProfile]]] = \
+        defaultdict(list)
     urls: dict[str, str] = {}
-    devices: dict[str, DeviceProfile] = {}
     for row in rows:
         if row.get("kind") not in FITTED_KINDS or row.get("precision") not in MATRIX_PRECISIONS:
             continue
         if not row.get("power_limit_w") or row.get("read_from_chart"):
             continue
         device = load_gpu(row["device"])
-        devices[device.name] = device
+        ref = PowerCalibration(name="scale", architecture=device.architecture,
+                               demand_fraction=1.0, exponent=1.0,
+                               measured_device=reference_device(device))
+        idle = calibration_for(device).idle_power_fraction
+        limit, idle_on_ref = on_reference_scale(device, float(row["power_limit_w"]), idle, ref)
+        die = (device.architecture, device.compute_units, device.boost_clock_mhz)
         for measure in ("tflops", "sm_clock_mhz"):
             if isinstance(row.get(measure), (int, float)):
-                key = (device.name, str(row["source"].get("title")), str(row["workload"]),
-                       measure)
-                urls[key[1]] = str(row["source"].get("url"))
-                series[key].append((float(row["power_limit_w"]) / device.tdp_w,
-                                    float(row[measure])))
+                title = str(row["source"].get("title"))
+                key = (die, title, str(row.get("sweep") or row["workload"]), measure)
+                urls[title] = str(row["source"].get("url"))
+                series[key].append((limit, idle_on_ref, float(row[measure]), device))
     points: dict[str, list[Point]] = defaultdict(list)
-    for (name, title, workload, measure), pts in series.items():
-        sweep_device = devices[name]
-        label = f"{name}: {title}: {workload}: {measure}"
-        if len({f for f, _ in pts}) < 2:
+    for ((arch, *_), title, workload, measure), pts in series.items():
+        names = sorted({d.name for *_, d in pts})
+        label = f"{'/'.join(names)}: {title}: {workload}: {measure}"
+        if len({f for f, *_ in pts}) < 2:
             continue  # one limit: a check (see checks), not a sweep
         if measure == "sm_clock_mhz":
-            points[sweep_device.architecture] += [
-                Point(label, f, None, min(1.0, clock / sweep_device.boost_clock_mhz),
-                      urls[title])
-                for f, clock in pts]
+            points[arch] += [Point(label, f, None, min(1.0, clock / d.boost_clock_mhz),
+                                   urls[title], idle)
+                             for f, idle, clock, d in pts]
         else:
-            top, top_rate = max(pts)
-            points[sweep_device.architecture] += [Point(label, f, top, rate / top_rate, urls[title])
-                                             for f, rate in pts]
+            top, top_idle, top_rate, _ = max(pts, key=lambda p: p[0])
+            points[arch] += [Point(label, f, top, rate / top_rate, urls[title], idle, top_idle)
+                             for f, idle, rate, _ in pts]
     return points
 
 
@@ -93,20 +116,30 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
     for row in rows:
         if row.get("kind") != "gemm" or row.get("precision") not in MATRIX_PRECISIONS:
             continue
+        if row.get("sweep"):  # one limit of a sweep across devices: fitted with it
+            continue
         if "burst" in f"{row.get('workload')} {row.get('notes')}".lower():
             continue
         if not isinstance(row.get("sm_clock_mhz"), (int, float)) or not row.get("power_limit_w"):
             continue
         device = load_gpu(row["device"])
+        ref = PowerCalibration(name="scale", architecture=device.architecture,
+                               demand_fraction=1.0, exponent=1.0,
+                               measured_device=reference_device(device))
+        limit, idle = on_reference_scale(device, float(row["power_limit_w"]),
+                                         calibration_for(device).idle_power_fraction, ref)
         found[device.architecture].append(Point(
-            f"{device.name}: {row['id']}", float(row["power_limit_w"]) / device.tdp_w, None,
-            min(1.0, float(row["sm_clock_mhz"]) / device.boost_clock_mhz)))
+            f"{device.name}: {row['id']}", limit, None,
+            min(1.0, float(row["sm_clock_mhz"]) / device.boost_clock_mhz), idle=idle))
     return found
 
 
 def predicted(p: Point, idle: float, power: PowerCalibration) -> float:
-    at = clock_fraction(p.limit_fraction, idle, power)
-    return at if p.top_fraction is None else at / clock_fraction(p.top_fraction, idle, power)
+    at = clock_fraction(p.limit_fraction, idle if p.idle is None else p.idle, power)
+    if p.top_fraction is None:
+        return at
+    return at / clock_fraction(p.top_fraction, idle if p.top_idle is None else p.top_idle,
+                               power)
 
 
 def _error(points: list[Point], idle: float, power: PowerCalibration) -> float:
@@ -115,26 +148,30 @@ def _error(points: list[Point], idle: float, power: PowerCalibration) -> float:
 
 
 def fit(architecture: str, points: list[Point], idle: float,
-        sources: list[str]) -> PowerCalibration:
+        sources: list[str], measured_device: str | None = None) -> PowerCalibration:
     """The demand and exponent that best predict the sweeps' shapes (a grid search: two
-    bounded parameters, a few hundred points)."""
+    bounded parameters, a few hundred points); powers are fractions of
+    ``measured_device``'s TDP."""
     best: PowerCalibration | None = None
     best_err = math.inf
-    for demand_step in range(60, 201):  # demand 0.60 to 2.00 of TDP
+    for demand_step in range(60, 301):  # demand 0.60 to 3.00 of TDP
         for exp_step in range(10, 41):  # exponent 1.0 to 4.0
             trial = PowerCalibration(name=f"{architecture}-power", architecture=architecture,
                                      demand_fraction=demand_step / 100,
-                                     exponent=exp_step / 10)
+                                     exponent=exp_step / 10, measured_device=measured_device)
             err = _error(points, idle, trial)
             if err < best_err - 1e-12:
                 best, best_err = trial, err
     assert best is not None
+    scale = measured_device or "each device"
     rationale = (f"Fitted by gpusim.calibrate.power on {len(points)} points of "
                  f"{len({p.sweep for p in points})} published sweep(s) (mean error "
                  f"{best_err:.1%}), idle power {idle:.2f} of TDP from the architecture's "
-                 f"calibration. Efficiencies are taken as measured at the measured device's "
-                 f"default limit. Sustained clocks of single-GEMM loops at one limit are "
-                 f"checks, not fitted: such a loop draws more than a network's step.")
+                 f"calibration. Powers are fractions of the TDP of {scale}, other devices "
+                 f"scaled to its die by compute units x boost clock. Efficiencies are taken "
+                 f"as measured at the measured device's default limit. Sustained clocks of "
+                 f"single-GEMM loops at one limit are checks, not fitted: such a loop draws "
+                 f"more than a network's step.")
     return best.model_copy(update={"fitted_on": sources, "rationale": rationale})
 
 
@@ -152,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         fitted_sources = {p.source for p in points}
         quoted = [r["id"] for r in rows if str(r.get("notes", "")).startswith("SECOND-HAND")
                   and str(r["source"].get("url")) in fitted_sources]
-        power = fit(arch, points, idle, sorted(fitted_sources))
+        power = fit(arch, points, idle, sorted(fitted_sources), reference_device(device))
         if quoted:
             power = power.model_copy(update={"rationale": power.rationale + (
                 f" {len(quoted)} of the rows behind it are second-hand (quoted from the paper "

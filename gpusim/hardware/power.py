@@ -16,6 +16,12 @@ where ``demand`` is what the same work would draw at the boost clock. ``demand``
 device's own limit, so a kernel's compute rate scales by the clock fraction at the run's limit
 over the fraction at the limit the calibration was measured under. Memory-bound kernels keep
 their rate: the HBM clock is not lowered, and they draw less than the limit.
+
+Powers are fractions of the measured device's TDP. Another device of the architecture is put
+on that scale by the size of its die's switching work: its demand grows with its compute
+units times its boost clock, so an MI325X (the MI300X's die, allowed 1000 W against 750 W)
+keeps a higher clock, and an H100 PCIe (114 SMs at 1755 MHz, 350 W) a lower one than the
+H100 SXM the fit was measured on.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError
 
 from gpusim.errors import InvalidConfig, InvalidProfile
-from gpusim.hardware.catalog import format_validation_error, profiles_dir, read_yaml
+from gpusim.hardware.catalog import format_validation_error, load_gpu, profiles_dir, read_yaml
 from gpusim.hardware.profile import DeviceProfile, Frozen
 
 Positive = Annotated[float, Field(gt=0)]
@@ -47,6 +53,10 @@ class PowerCalibration(Frozen):
     measured_limit_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
         1.0, description="the power limit, as a fraction of TDP, of the device the "
                          "architecture's efficiencies were measured on")
+    measured_device: str | None = Field(
+        None, description="the device the architecture's efficiencies were measured on: "
+                          "powers are fractions of its TDP, other devices' scaled to its die "
+                          "(None: each device's own TDP)")
     fitted_on: list[str] = Field(default_factory=list, description="the published sweeps")
     rationale: str = ""
 
@@ -61,6 +71,24 @@ def clock_fraction(limit_fraction: float, idle_fraction: float,
     return float((headroom / (power.demand_fraction - idle_fraction)) ** (1 / power.exponent))
 
 
+def on_reference_scale(device: DeviceProfile, watts: float, idle_fraction: float,
+                       power: PowerCalibration) -> tuple[float, float]:
+    """``device``'s limit ``watts`` and its idle power (``idle_fraction`` of its TDP) as
+    fractions of the measured device's TDP, scaled to its die: the demand of a die grows
+    with its compute units times its boost clock."""
+    if power.measured_device is None or power.measured_device == device.name:
+        return watts / device.tdp_w, idle_fraction
+    ref = _reference(power.measured_device)
+    scale = ref.tdp_w * (device.compute_units * device.boost_clock_mhz) / (
+        ref.compute_units * ref.boost_clock_mhz)
+    return watts / scale, idle_fraction * device.tdp_w / scale
+
+
+@lru_cache(maxsize=16)
+def _reference(name: str) -> DeviceProfile:
+    return load_gpu(name)
+
+
 def compute_rate_factor(device: DeviceProfile, idle_fraction: float,
                         power: PowerCalibration | None) -> float:
     """How much faster (above 1) or slower (below 1) compute-bound kernels run on
@@ -68,7 +96,8 @@ def compute_rate_factor(device: DeviceProfile, idle_fraction: float,
     under that one's limit; 1 without a power calibration."""
     if power is None:
         return 1.0
-    run = clock_fraction(device.power_limit / device.tdp_w, idle_fraction, power)
+    run = clock_fraction(*on_reference_scale(device, device.power_limit, idle_fraction, power),
+                         power)
     measured = clock_fraction(power.measured_limit_fraction, idle_fraction, power)
     return run / measured
 
