@@ -5,6 +5,8 @@ benchmark was added (benchmarks/throughput.py prints every row). Validation only
 
 from __future__ import annotations
 
+import pytest
+
 from gpusim.validate.published_throughput import RECOMPUTE, load_cases, predict_case, summary
 
 # Set from what was measured (2026-11-23: 12 cases, mean absolute 36.2%, all too fast; then
@@ -47,3 +49,33 @@ def test_nemo_automodel_rows_run_as_their_configs_say() -> None:
     pipeline parallelism runs without fp32 master weights instead of being refused."""
     rows = {c["id"]: predict_case(c) for c in load_cases() if "automodel" in c["id"]}
     assert rows and all(r.predicted is not None for r in rows.values()), rows
+
+
+def test_tflops_rows_compare_tokens_by_the_source_s_own_flop_count() -> None:
+    """A source's TFLOP/s is turned back into tokens/s by its own FLOP count (NeMo's llama2
+    formula of 2024, attention at full work), and those are compared; gpusim's count (causal
+    attention at half) never meets the source's."""
+    cases = {c["id"]: c for c in load_cases()}
+    layers, hidden, ffn, vocab = 32, 4096, 11008, 32000
+    nemo = [c for c in cases.values() if c["id"].startswith("nemo_llama2_7b")]
+    assert len(nemo) == 9
+    for case in nemo:
+        s = case["training"]["seq_len"]
+        per_token = layers * hidden**2 * (24 + 18 * ffn / hidden + 12 * s / hidden
+                                          + 6 * vocab / (layers * hidden))
+        derived = case["measured"]["tokens_per_s_per_gpu"]
+        assert derived == pytest.approx(case["measured"]["value"] * 1e12 / per_token, abs=0.1)
+        row = predict_case(case)
+        assert row.measured == derived
+        assert "TFLOP/s by the source's FLOP count" not in row.flags
+        assert "microbatch 1 assumed" in row.flags
+
+
+def test_long_sequences_run_context_parallel_on_megatron_with_delayed_fp8() -> None:
+    from gpusim.validate.published_throughput import job_of
+
+    case = next(c for c in load_cases() if c["id"].startswith("nemo_llama2_7b_dgxh100x128_"))
+    kwargs, _, why = job_of(case)
+    assert not why
+    assert (kwargs["cp"], kwargs["tp"], kwargs["seq_len"]) == (4, 4, 131072)
+    assert kwargs["stack"] == "megatron" and kwargs["fp8_recipe"] == "delayed"

@@ -128,8 +128,8 @@ def _stack(case: dict[str, Any]) -> str:
         framework = str(case["framework"])
         return "torchtitan-2025" if any(c in framework for c in MID_2025_COMMITS) \
             else "torchtitan-2024"
-    if "Megatron" in source:
-        return "megatron"
+    if "Megatron" in source or source.startswith("NVIDIA/NeMo "):
+        return "megatron"  # NeMo's LLM training runs Megatron-Core with Transformer Engine
     if "llm-foundry" in source:
         return "llm-foundry-2023"
     if "Automodel" in source:
@@ -153,13 +153,16 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     cp, ep = int(p.get("cp") or 1), int(p.get("ep") or 1)
     vp = int(p.get("vp") or 1)
     dp = gpus // (tp * pp * cp)
-    micro = int(t["local_batch_size"])
+    flags = []
+    micro = t["local_batch_size"]
+    if not isinstance(micro, int):
+        micro = 1
+        flags.append("microbatch 1 assumed")
     stated = t.get("global_batch_size")
     accum = t.get("grad_accum")
     batch = stated if isinstance(stated, int) else \
         micro * dp * (accum if isinstance(accum, int) else 1)
     precision = "fp8" if str(t["precision"]).startswith("fp8") else "bf16"
-    flags = []
     compiled = t.get("torch_compile") is True
     if not isinstance(stated, int):
         flags.append("global batch not stated: one microbatch per step assumed")
@@ -182,7 +185,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         "tp": tp, "pp": pp, "cp": cp, "ep": ep, "microbatch_size": micro,
         "optimizer": "adamw", "checkpointing": _recompute(t, flags, str(case.get("framework", "")),
                                     str(case["model"]["name"])),
-        "stack": stack, "fp8_recipe": "tensorwise", "compile": compiled,
+        "stack": stack, "fp8_recipe": _fp8_recipe(str(t["precision"])), "compile": compiled,
         "zero": 3 if int(p.get("dp_shard", 1)) > 1 else 1,
     }
     if int(p.get("dp_shard", 1)) > 1 and int(p.get("dp_replicate", 1)) > 1:
@@ -229,6 +232,12 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
             kwargs.update(schedule="interleaved", virtual_stages=2)
             flags.append("interleaved stages assumed 2 per GPU")
     return kwargs, tuple(flags), ""
+
+
+def _fp8_recipe(precision: str) -> str:
+    """The scaling a case's fp8 runs: Transformer Engine's DelayedScaling where the case
+    says so (its only recipe before TE 2), else per-tensor current scaling."""
+    return "delayed" if "delayed" in precision.lower() else "tensorwise"
 
 
 def _recompute(t: dict[str, Any], flags: list[str], framework: str = "", model: str = "") -> str:
