@@ -153,7 +153,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     cp, ep = int(p.get("cp") or 1), int(p.get("ep") or 1)
     vp = int(p.get("vp") or 1)
     dp = gpus // (tp * pp * cp)
-    flags = []
+    flags = list(case.get("assumed", []))  # what the case itself says it leaves unknown
     micro = t["local_batch_size"]
     if not isinstance(micro, int):
         micro = 1
