@@ -175,3 +175,17 @@ def test_a_model_case_records_the_sdpa_backend_its_attention_ran() -> None:
     case = next(c for c in models.cpu_cases() if c.id.startswith("gpt2/"))
     row = models.measure_case(case, CPU, 1, layers=False)
     assert row["sdpa_backends"] and all(isinstance(b, str) for b in row["sdpa_backends"])
+
+
+def test_provenance_places_a_masked_cpu_by_its_numbers_and_features() -> None:
+    from gpusim.measure.provenance import CPU_FEATURES, cpu_identity
+
+    text = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+            "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 8\ncpu MHz\t\t: 2100.000\n"
+            "cache size\t: 107520 KB\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+            "\nprocessor\t: 1\nvendor_id\t: Other\n")
+    found = cpu_identity(text)
+    assert found == {"vendor": "GenuineIntel", "family": "6", "model": "143", "stepping": "8",
+                     "mhz": "2100.000", "cache": "107520 KB",
+                     "features": ["amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2"]}
+    assert set(cpu_identity().get("features", [])) <= set(CPU_FEATURES)

@@ -45,6 +45,37 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Instruction-set features that place a CPU's generation when a virtual machine hides its
+# model name ("Intel(R) Xeon(R) Processor"): AMX came with Sapphire Rapids, AVX-512 BF16
+# with Cooper Lake and Zen 4, AVX-512 with Skylake-SP and Zen 4.
+CPU_FEATURES = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
+    """What identifies the host CPU beyond its model name: vendor, family, model and
+    stepping numbers (a microarchitecture even where a VM masks the name), cache size, the
+    clock the kernel reports now, and the generation-placing features it has. Host-side
+    costs (a kernel launch, a Python op) scale with the CPU, and the lent machines' names
+    are masked. ``cpuinfo``: /proc/cpuinfo's text (read when not given)."""
+    fields = {"vendor_id": "vendor", "cpu family": "family", "model": "model",
+              "stepping": "stepping", "cache size": "cache", "cpu MHz": "mhz"}
+    found: dict[str, Any] = {}
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return found
+    for line in cpuinfo.split("\n\n", 1)[0].splitlines():  # the first processor's block
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key in fields:
+            found[fields[key]] = value
+        elif key == "flags":
+            have = set(value.split())
+            found["features"] = [f for f in CPU_FEATURES if f in have]
+    return found
+
+
 def _git_commit() -> str:
     root = Path(__file__).resolve().parents[2]
     return _run(["git", "-C", str(root), "rev-parse", "HEAD"]) or "unknown"
@@ -66,6 +97,7 @@ def collect(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "os": f"{platform.system()} {platform.release()}",
         "cpu": _cpu_model(),
+        "cpu_identity": cpu_identity(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
     }
