@@ -8,7 +8,7 @@ Validation, never fitted.
 
 from __future__ import annotations
 
-from gpusim.validate.published_throughput import load_cases, predict_case, summary
+from gpusim.validate.published_throughput import by_group, load_cases, predict_case, summary
 
 
 def main() -> None:
@@ -41,6 +41,16 @@ def main() -> None:
             m = pair["fp8"].measured / pair["bf16"].measured
             p = pair["fp8"].predicted / pair["bf16"].predicted  # type: ignore[operator]
             print(f"  {key:<60} measured {m:.2f}x  predicted {p:.2f}x  ({p / m - 1:+.1%})")
+
+
+    for key, label in (("architecture", "GPU architecture"), ("stack", "stack")):
+        print(f"\nBy {label} (every predicted case; 'as ran': those without an assumption):")
+        print(f"  {label:<22}{'cases':>6}{'mean signed':>13}{'MAE':>8}{'as ran':>8}"
+              f"{'signed':>9}")
+        for name, g in by_group(rows, key).items():
+            ran = f"{g['as_ran_signed']:>+9.1%}" if g["as_ran"] else f"{'':>9}"
+            print(f"  {name:<22}{g['cases']:>6}{g['mean_signed']:>+13.1%}{g['mape']:>8.1%}"
+                  f"{g['as_ran']:>8}{ran}")
 
 
 if __name__ == "__main__":

@@ -79,3 +79,18 @@ def test_long_sequences_run_context_parallel_on_megatron_with_delayed_fp8() -> N
     assert not why
     assert (kwargs["cp"], kwargs["tp"], kwargs["seq_len"]) == (4, 4, 131072)
     assert kwargs["stack"] == "megatron" and kwargs["fp8_recipe"] == "delayed"
+
+
+def test_the_report_splits_errors_by_architecture_and_stack() -> None:
+    from gpusim.validate.published_throughput import by_group
+
+    rows = [predict_case(c) for c in load_cases()]
+    predicted = [r for r in rows if r.error is not None]
+    for key in ("architecture", "stack"):
+        groups = by_group(rows, key)
+        assert sum(g["cases"] for g in groups.values()) == len(predicted)
+        assert sum(g["as_ran"] for g in groups.values()) == summary(rows)["cases"]
+    assert {"hopper", "cdna3", "ampere"} <= set(by_group(rows, "architecture"))
+    cdna3 = [r.error for r in predicted if r.architecture == "cdna3"]
+    assert by_group(rows, "architecture")["cdna3"]["mean_signed"] == pytest.approx(
+        sum(cdna3) / len(cdna3))

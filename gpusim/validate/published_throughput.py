@@ -43,6 +43,8 @@ class ThroughputRow:
     predicted: float | None
     flags: tuple[str, ...]  # what the prediction leaves out (torch.compile, ...)
     skipped: str = ""
+    architecture: str = ""  # the GPU's, for the report by architecture
+    stack: str = ""  # the software stack the case ran on, for the report by stack
 
     @property
     def error(self) -> float | None:
@@ -276,10 +278,12 @@ def predict_case(case: dict[str, Any]) -> ThroughputRow:
     kwargs, flags, skipped = job_of(case)
     if skipped:
         return ThroughputRow(case["id"], measured, None, flags, skipped)
+    stack = kwargs["stack"] if isinstance(kwargs["stack"], str) else kwargs["stack"].name
+    where = {"architecture": kwargs["gpu"].architecture, "stack": stack}
     try:
         result = estimate(**kwargs)
     except GpusimError as exc:
-        return ThroughputRow(case["id"], measured, None, flags, exc.summary)
+        return ThroughputRow(case["id"], measured, None, flags, exc.summary, **where)
     step = result.step
     if derived is None and str(case["measured"]["unit"]).startswith("TFLOPS"):
         # model TFLOP/s per GPU, gpusim's FLOP count against the source's own
@@ -287,7 +291,25 @@ def predict_case(case: dict[str, Any]) -> ThroughputRow:
         flags = (*flags, "TFLOP/s by the source's FLOP count")
     else:
         per_gpu = (step.tokens_per_s or 0.0) / kwargs["num_gpus"]
-    return ThroughputRow(case["id"], measured, per_gpu, flags)
+    return ThroughputRow(case["id"], measured, per_gpu, flags, **where)
+
+
+def by_group(rows: list[ThroughputRow], key: str) -> dict[str, dict[str, float]]:
+    """Per architecture or stack (``key``): cases predicted, mean signed and mean absolute
+    error, over every predicted row (with an assumption or not) and over those as they ran."""
+    groups: dict[str, list[ThroughputRow]] = {}
+    for r in rows:
+        if r.error is not None:
+            groups.setdefault(getattr(r, key), []).append(r)
+    out = {}
+    for name, members in sorted(groups.items()):
+        errors = [r.error for r in members if r.error is not None]
+        plain = [r.error for r in members if r.error is not None and not r.flags]
+        out[name] = {"cases": len(errors), "mean_signed": statistics.fmean(errors),
+                     "mape": statistics.fmean(abs(e) for e in errors),
+                     "as_ran": len(plain),
+                     "as_ran_signed": statistics.fmean(plain) if plain else float("nan")}
+    return out
 
 
 def summary(rows: list[ThroughputRow]) -> dict[str, float]:
