@@ -126,7 +126,7 @@ def test_a_part_on_the_same_die_takes_the_clock_its_own_limit_allows() -> None:
     # AMD's Table 1 (Measuring Max-Achievable FLOPs, Part 2): bf16 843 against 708 TFLOP/s
     assert factor("mi325x") == pytest.approx(843 / 708, rel=0.03)
     assert 0.8 < factor("h100-pcie") < 0.92
-    assert factor("h100-sxm-96gb") == pytest.approx(0.913, abs=0.01)  # its 500 W limit
+    assert factor("h100-sxm-96gb") == pytest.approx(0.872, abs=0.01)  # its 500 W limit
 
 
 def test_one_source_s_runs_on_two_parts_of_one_die_are_a_sweep() -> None:

@@ -13,9 +13,10 @@ from gpusim.validate.published_throughput import RECOMPUTE, load_cases, predict_
 # 13 cases, 32.8%, with Ampere fitted on published kernels and the first MoE row; then 27
 # cases, 26.4%, with torch.compile runs modelled compiled and power limits; then 18.9% with
 # llm-foundry's Triton attention costed; 17.0% with the published compute slowdown beside
-# communication; 15.5% on 2026-11-24 with long-K GEMM rates and FSDP2's copy-out); only ever
+# communication; 15.5% on 2026-11-24 with long-K GEMM rates and FSDP2's copy-out; 13.8% with
+# the power fit's static power, which puts 500 W at the measured 0.87 of the clock); only ever
 # tightened.
-EAGER_MAPE_BUDGET = 0.165
+EAGER_MAPE_BUDGET = 0.145
 
 
 def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:

@@ -15,13 +15,12 @@ runs under limits are validation, never fitted.
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from gpusim.data import data_dir
@@ -45,16 +44,16 @@ class Point:
     """One limit of one sweep: the rate relative to the sweep's highest limit's (a
     throughput), or to the boost clock (``top_fraction`` None: a sustained clock). Powers
     are fractions of the reference device's TDP, scaled to the die (see
-    gpusim.hardware.power); ``idle`` and ``top_idle`` are the boards' idle powers on that
-    scale (None: the architecture's idle fraction)."""
+    gpusim.hardware.power); ``idle_scale`` and ``top_idle_scale`` turn a fraction of the
+    board's own TDP (its static power) into that scale."""
 
     sweep: str
     limit_fraction: float  # of the reference TDP
     top_fraction: float | None  # the sweep's highest limit, of the reference TDP
     relative: float
     source: str = ""
-    idle: float | None = None
-    top_idle: float | None = None
+    idle_scale: float = 1.0  # a fraction of the board's own TDP, on the reference scale
+    top_idle_scale: float = 1.0
 
 
 def reference_device(device: DeviceProfile) -> str:
@@ -82,15 +81,14 @@ def sweeps(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
         ref = PowerCalibration(name="scale", architecture=device.architecture,
                                demand_fraction=1.0, exponent=1.0,
                                measured_device=reference_device(device))
-        idle = calibration_for(device).idle_power_fraction
-        limit, idle_on_ref = on_reference_scale(device, float(row["power_limit_w"]), idle, ref)
+        limit, idle_scale = on_reference_scale(device, float(row["power_limit_w"]), 1.0, ref)
         die = (device.architecture, device.compute_units, device.boost_clock_mhz)
         for measure in ("tflops", "sm_clock_mhz"):
             if isinstance(row.get(measure), (int, float)):
                 title = str(row["source"].get("title"))
                 key = (die, title, str(row.get("sweep") or row["workload"]), measure)
                 urls[title] = str(row["source"].get("url"))
-                series[key].append((limit, idle_on_ref, float(row[measure]), device))
+                series[key].append((limit, idle_scale, float(row[measure]), device))
     points: dict[str, list[Point]] = defaultdict(list)
     for ((arch, *_), title, workload, measure), pts in series.items():
         names = sorted({d.name for *_, d in pts})
@@ -99,12 +97,13 @@ def sweeps(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
             continue  # one limit: a check (see checks), not a sweep
         if measure == "sm_clock_mhz":
             points[arch] += [Point(label, f, None, min(1.0, clock / d.boost_clock_mhz),
-                                   urls[title], idle)
-                             for f, idle, clock, d in pts]
+                                   urls[title], scale)
+                             for f, scale, clock, d in pts]
         else:
-            top, top_idle, top_rate, _ = max(pts, key=lambda p: p[0])
-            points[arch] += [Point(label, f, top, rate / top_rate, urls[title], idle, top_idle)
-                             for f, idle, rate, _ in pts]
+            top, top_scale, top_rate, _ = max(pts, key=lambda p: p[0])
+            points[arch] += [Point(label, f, top, rate / top_rate, urls[title], scale,
+                                   top_scale)
+                             for f, scale, rate, _ in pts]
     return points
 
 
@@ -126,52 +125,79 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
         ref = PowerCalibration(name="scale", architecture=device.architecture,
                                demand_fraction=1.0, exponent=1.0,
                                measured_device=reference_device(device))
-        limit, idle = on_reference_scale(device, float(row["power_limit_w"]),
-                                         calibration_for(device).idle_power_fraction, ref)
+        limit, scale = on_reference_scale(device, float(row["power_limit_w"]), 1.0, ref)
         found[device.architecture].append(Point(
             f"{device.name}: {row['id']}", limit, None,
-            min(1.0, float(row["sm_clock_mhz"]) / device.boost_clock_mhz), idle=idle))
+            min(1.0, float(row["sm_clock_mhz"]) / device.boost_clock_mhz), idle_scale=scale))
     return found
 
 
+def _static(idle: float, power: PowerCalibration) -> float:
+    return idle if power.static_fraction is None else power.static_fraction
+
+
 def predicted(p: Point, idle: float, power: PowerCalibration) -> float:
-    at = clock_fraction(p.limit_fraction, idle if p.idle is None else p.idle, power)
+    """A point's rate (or clock) as ``power`` predicts it (``idle``: the architecture's
+    idle fraction, the static power where the fit placed none)."""
+    static = _static(idle, power)
+    at = clock_fraction(p.limit_fraction, static * p.idle_scale, power)
     if p.top_fraction is None:
         return at
-    return at / clock_fraction(p.top_fraction, idle if p.top_idle is None else p.top_idle,
-                               power)
+    return at / clock_fraction(p.top_fraction, static * p.top_idle_scale, power)
 
 
-def _error(points: list[Point], idle: float, power: PowerCalibration) -> float:
-    return statistics.fmean(abs(math.log(predicted(p, idle, power) / p.relative))
-                            for p in points)
+def _errors(points: list[Point], demand: np.ndarray, exponent: np.ndarray,
+            static: np.ndarray) -> np.ndarray:
+    """Mean absolute log error of every (demand, exponent, static) on the grid at once, the
+    arrays broadcast against each other (clock_fraction's formula, vectorised)."""
+    def clock(limit: float, idle: np.ndarray) -> np.ndarray:
+        head = np.maximum(limit - idle, 1e-3) / np.maximum(demand - idle, 1e-9)
+        return np.where(limit >= demand, 1.0, head ** (1.0 / exponent))
+
+    total = np.zeros(np.broadcast_shapes(demand.shape, exponent.shape, static.shape))
+    for p in points:
+        at = clock(p.limit_fraction, static * p.idle_scale)
+        if p.top_fraction is not None:
+            at = at / clock(p.top_fraction, static * p.top_idle_scale)
+        total += np.abs(np.log(at / p.relative))
+    return total / len(points)
+
+
+# A sweep must span this many limits to place the static power; fewer leave it the idle's.
+STATIC_FIT_LIMITS = 4
 
 
 def fit(architecture: str, points: list[Point], idle: float,
         sources: list[str], measured_device: str | None = None) -> PowerCalibration:
-    """The demand and exponent that best predict the sweeps' shapes (a grid search: two
-    bounded parameters, a few hundred points); powers are fractions of
-    ``measured_device``'s TDP."""
-    best: PowerCalibration | None = None
-    best_err = math.inf
-    for demand_step in range(60, 301):  # demand 0.60 to 3.00 of TDP
-        for exp_step in range(10, 41):  # exponent 1.0 to 4.0
-            trial = PowerCalibration(name=f"{architecture}-power", architecture=architecture,
-                                     demand_fraction=demand_step / 100,
-                                     exponent=exp_step / 10, measured_device=measured_device)
-            err = _error(points, idle, trial)
-            if err < best_err - 1e-12:
-                best, best_err = trial, err
-    assert best is not None
+    """The demand, exponent and (where the sweeps span STATIC_FIT_LIMITS limits or more)
+    static power that best predict the sweeps' shapes: a grid search over the bounded
+    parameters; powers are fractions of ``measured_device``'s TDP."""
+    demand = np.arange(60, 301)[:, None, None] / 100  # 0.60 to 3.00 of TDP
+    exponent = np.arange(10, 41)[None, :, None] / 10  # 1.0 to 4.0
+    spans = len({round(p.limit_fraction, 3) for p in points}) >= STATIC_FIT_LIMITS
+    static = (np.arange(0, 36)[None, None, :] / 100 if spans  # 0.00 to 0.35 of TDP
+              else np.array([idle])[None, None, :])
+    errors = _errors(points, demand, exponent, static)
+    # the first best in grid order (demand, then exponent, then static), as a loop would
+    i, j, k = np.unravel_index(int(np.argmin(errors)), errors.shape)
+    best_err = float(errors[i, j, k])
+    best = PowerCalibration(
+        name=f"{architecture}-power", architecture=architecture,
+        demand_fraction=float(demand[i, 0, 0]), exponent=float(exponent[0, j, 0]),
+        static_fraction=float(static[0, 0, k]) if spans else None,
+        measured_device=measured_device)
     scale = measured_device or "each device"
+    placed = (f"static power {best.static_fraction:.2f} of TDP fitted (the part that does "
+              f"not fall with the clock)" if spans else
+              f"idle power {idle:.2f} of TDP from the architecture's calibration as the part "
+              f"that does not fall with the clock")
     rationale = (f"Fitted by gpusim.calibrate.power on {len(points)} points of "
                  f"{len({p.sweep for p in points})} published sweep(s) (mean error "
-                 f"{best_err:.1%}), idle power {idle:.2f} of TDP from the architecture's "
-                 f"calibration. Powers are fractions of the TDP of {scale}, other devices "
-                 f"scaled to its die by compute units x boost clock. Efficiencies are taken "
-                 f"as measured at the measured device's default limit. Sustained clocks of "
-                 f"single-GEMM loops at one limit are checks, not fitted: such a loop draws "
-                 f"more than a network's step.")
+                 f"{best_err:.1%}), {placed}. Powers are fractions of the TDP of {scale}, "
+                 f"other devices scaled to its die by compute units x boost clock. "
+                 f"Efficiencies are taken as measured at the measured device's default limit. "
+                 f"Sustained clocks of single-GEMM loops at one limit are checks, not fitted: "
+                 f"such a loop draws more than a network's step.")
     return best.model_copy(update={"fitted_on": sources, "rationale": rationale})
 
 

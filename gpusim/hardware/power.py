@@ -10,12 +10,14 @@ So a board limited to ``P`` runs matrix-bound kernels at the clock fraction
 
     ((P - idle) / (demand - idle)) ** (1 / exponent), at most 1,
 
-where ``demand`` is what the same work would draw at the boost clock. ``demand`` and
-``exponent`` are fitted per architecture on published power-limit sweeps of GEMMs
-(``gpusim.calibrate.power``). The efficiencies of a calibration were measured at the measured
-device's own limit, so a kernel's compute rate scales by the clock fraction at the run's limit
-over the fraction at the limit the calibration was measured under. Memory-bound kernels keep
-their rate: the HBM clock is not lowered, and they draw less than the limit.
+where ``demand`` is what the same work would draw at the boost clock and ``idle`` the part
+that does not fall with the clock (the device's idle power, or a fitted static power where a
+sweep spans enough limits to place it). They and ``exponent`` are fitted per architecture on
+published power-limit sweeps of GEMMs (``gpusim.calibrate.power``). The efficiencies of a
+calibration were measured at the measured device's own limit, so a kernel's compute rate
+scales by the clock fraction at the run's limit over the fraction at the limit the
+calibration was measured under. Memory-bound kernels keep their rate: the HBM clock is not
+lowered, and they draw less than the limit.
 
 Powers are fractions of the measured device's TDP. Another device of the architecture is put
 on that scale by the size of its die's switching work: its demand grows with its compute
@@ -53,6 +55,10 @@ class PowerCalibration(Frozen):
     measured_limit_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
         1.0, description="the power limit, as a fraction of TDP, of the device the "
                          "architecture's efficiencies were measured on")
+    static_fraction: Annotated[float, Field(ge=0, lt=1)] | None = Field(
+        None, description="the board power under load that does not scale with the clock "
+                          "(leakage, memory, the board), as a fraction of TDP; None: the "
+                          "architecture's idle power")
     measured_device: str | None = Field(
         None, description="the device the architecture's efficiencies were measured on: "
                           "powers are fractions of its TDP, other devices' scaled to its die "
@@ -96,9 +102,9 @@ def compute_rate_factor(device: DeviceProfile, idle_fraction: float,
     under that one's limit; 1 without a power calibration."""
     if power is None:
         return 1.0
-    run = clock_fraction(*on_reference_scale(device, device.power_limit, idle_fraction, power),
-                         power)
-    measured = clock_fraction(power.measured_limit_fraction, idle_fraction, power)
+    static = idle_fraction if power.static_fraction is None else power.static_fraction
+    run = clock_fraction(*on_reference_scale(device, device.power_limit, static, power), power)
+    measured = clock_fraction(power.measured_limit_fraction, static, power)
     return run / measured
 
 
