@@ -136,7 +136,11 @@ def _stack(case: dict[str, Any]) -> str:
         return "llm-foundry-2023"
     if "Automodel" in source:
         return "nemo-automodel"
-    if "pytorch-training-benchmark" in source and "torchtitan" not in str(case["framework"]):
+    if "torchtitan" in str(case["framework"]):
+        # AMD's ROCm/torchtitan fork of early 2025 ('minor changes'): torchtitan's choices of
+        # its December 2024 benchmarks, the fork's own changes not public
+        return "torchtitan-2024"
+    if "pytorch-training-benchmark" in source:
         # train_fsdp.py: its own modules in bf16, Transformer Engine layers for fp8
         te = str(case["training"]["precision"]).startswith("fp8")
         return "amd-ptb-2025-te" if te else "amd-ptb-2025"
@@ -165,7 +169,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     batch = stated if isinstance(stated, int) else \
         micro * dp * (accum if isinstance(accum, int) else 1)
     precision = "fp8" if str(t["precision"]).startswith("fp8") else "bf16"
-    compiled = t.get("torch_compile") is True
+    # True, or the doc's own word for it ("true (doc: ...)")
+    compiled = t.get("torch_compile") is True or str(t.get("torch_compile")).startswith("true")
     if not isinstance(stated, int):
         flags.append("global batch not stated: one microbatch per step assumed")
     other = str(t.get("other", "")).lower()
