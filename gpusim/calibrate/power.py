@@ -78,10 +78,8 @@ def sweeps(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
         if not row.get("power_limit_w") or row.get("read_from_chart"):
             continue
         device = load_gpu(row["device"])
-        ref = PowerCalibration(name="scale", architecture=device.architecture,
-                               demand_fraction=1.0, exponent=1.0,
-                               measured_device=reference_device(device))
-        limit, idle_scale = on_reference_scale(device, float(row["power_limit_w"]), 1.0, ref)
+        limit, idle_scale = on_reference_scale(device, float(row["power_limit_w"]), 1.0,
+                                        reference_device(device))
         die = (device.architecture, device.compute_units, device.boost_clock_mhz)
         for measure in ("tflops", "sm_clock_mhz"):
             if isinstance(row.get(measure), (int, float)):
@@ -122,10 +120,8 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
         if not isinstance(row.get("sm_clock_mhz"), (int, float)) or not row.get("power_limit_w"):
             continue
         device = load_gpu(row["device"])
-        ref = PowerCalibration(name="scale", architecture=device.architecture,
-                               demand_fraction=1.0, exponent=1.0,
-                               measured_device=reference_device(device))
-        limit, scale = on_reference_scale(device, float(row["power_limit_w"]), 1.0, ref)
+        limit, scale = on_reference_scale(device, float(row["power_limit_w"]), 1.0,
+                                        reference_device(device))
         found[device.architecture].append(Point(
             f"{device.name}: {row['id']}", limit, None,
             min(1.0, float(row["sm_clock_mhz"]) / device.boost_clock_mhz), idle_scale=scale))

@@ -78,13 +78,13 @@ def clock_fraction(limit_fraction: float, idle_fraction: float,
 
 
 def on_reference_scale(device: DeviceProfile, watts: float, idle_fraction: float,
-                       power: PowerCalibration) -> tuple[float, float]:
+                       measured_device: str | None) -> tuple[float, float]:
     """``device``'s limit ``watts`` and its idle power (``idle_fraction`` of its TDP) as
     fractions of the measured device's TDP, scaled to its die: the demand of a die grows
     with its compute units times its boost clock."""
-    if power.measured_device is None or power.measured_device == device.name:
+    if measured_device is None or measured_device == device.name:
         return watts / device.tdp_w, idle_fraction
-    ref = _reference(power.measured_device)
+    ref = _reference(measured_device)
     scale = ref.tdp_w * (device.compute_units * device.boost_clock_mhz) / (
         ref.compute_units * ref.boost_clock_mhz)
     return watts / scale, idle_fraction * device.tdp_w / scale
@@ -103,7 +103,8 @@ def compute_rate_factor(device: DeviceProfile, idle_fraction: float,
     if power is None:
         return 1.0
     static = idle_fraction if power.static_fraction is None else power.static_fraction
-    run = clock_fraction(*on_reference_scale(device, device.power_limit, static, power), power)
+    run = clock_fraction(*on_reference_scale(device, device.power_limit, static,
+                                             power.measured_device), power)
     measured = clock_fraction(power.measured_limit_fraction, static, power)
     return run / measured
 
