@@ -192,3 +192,37 @@ def test_the_micro_suite_times_upcast_norms_and_compiled_kernels_on_cuda() -> No
     ids = [c["id"] for c, _ in _row_kernel_cases(torch.device("cpu"), True, 64e6, 1e6)]
     assert any(i.startswith("kernel/rms_norm-upcast/") for i in ids)
     assert not any("compiled" in i for i in ids)  # Inductor's CPU kernels calibrate nothing
+
+
+def test_loop_timed_small_products_fit_the_host_cost_alone() -> None:
+    """Where CUDA-graph replays time small products on the device, the small ones timed in
+    a Python loop (the host's pace) fit cublas_us and scaled_mm_us only, never the ramp or
+    an efficiency; without replays (published figures) one group fits everything."""
+    from gpusim.calibrate.groups import LOOP_MIN_FLOPS, fit_groups
+    from gpusim.cost.kernels import op_host_extra
+    from gpusim.workload.ops import GemmShape, gemm_op
+
+    h100 = load_device("h100-sxm")
+    cases = results.load(results.measurements_dir() / "h100-sxm" / "micro.json",
+                         suite="micro")["cases"]
+    groups = {name: (members, [".".join(p) for p, _ in params])
+              for name, members, params in fit_groups(cases, h100)}
+    device, device_params = groups["gemm"]
+    host, host_params = groups["gemm host"]
+    assert any(c.get("graph") for c in device) and host
+    assert all(c.get("graph") or 2 * c["m"] * c["n"] * c["k"] >= LOOP_MIN_FLOPS
+               for c in device)
+    assert not any(c.get("graph") for c in host)
+    assert "gemm.ramp_us" in device_params and "overhead.cublas_us" not in device_params
+    assert host_params == ["overhead.cublas_us", "overhead.scaled_mm_us"]
+
+    looped = [c for c in cases if c["kind"] == "gemm" and not c.get("graph")]
+    (name, members, params), = [g for g in fit_groups(looped, h100) if g[0] == "gemm"]
+    assert "overhead.cublas_us" in {".".join(p) for p, _ in params}
+
+    cal = calibration_for(h100)
+    shape = GemmShape(4096, 4096, 4096)
+    bf16, fp8 = gemm_op("g", shape, "bf16", 2), gemm_op("g", shape, "fp8", 1)
+    assert cal.overhead.scaled_mm_us > 0
+    assert op_host_extra(fp8, cal) - op_host_extra(bf16, cal) == pytest.approx(
+        cal.overhead.scaled_mm_us * 1e-6)

@@ -3,9 +3,10 @@
 The figures below were recorded from the simulator before it was made faster (one SimPy
 process per transfer and collective), and re-recorded where the model itself changed:
 per-rank runs, stragglers, links shared by pipeline and data-parallel traffic, ZeRO-3 with
-hybrid sharding and offload, and gradients reduced after the backward pass. Each pins the
-step, busy fraction, critical unit, breakdown and trace (its records as a set: the order of
-records that end at the same instant on different tracks is not part of it).
+hybrid sharding and offload, gradients reduced after the backward pass, and the host
+figures of the hopper fit (which A100s borrow) when its GEMM host cost was fitted apart.
+Each pins the step, busy fraction, critical unit, breakdown and trace (its records as a set:
+the order of records that end at the same instant on different tracks is not part of it).
 """
 
 from __future__ import annotations
@@ -63,68 +64,68 @@ EXPECTED: dict[str, tuple[float, float, tuple[int, int], int, str, tuple[float, 
     # gradients (ChunkPlan.grad_ready) instead of filling evenly through backward: the
     # embedding's, last in backward, is reduced last; FSDP reduce-scatters a block at a time
     "pp2-dp32-shared-nic-per-rank": (
-        0.04491529771431436, 0.5067647799234657, (0, 0), 1344, "19754d241727e0ba",
-        (30.384272563208743, 32.77043024678224),
+        0.044905411142482636, 0.5067324203596532, (0, 0), 1344, "19754d241727e0ba",
+        (30.377390305261184, 32.76313433853607),
         {'forward': 0.0017584999867790718,
          'backward': 0.003554317308730133,
-         'pipeline_bubble': 0.010948179153648926,
+         'pipeline_bubble': 0.01094437258181721,
          'pipeline_comm': 0.009640195822222227,
          'data_parallel_comm': 0.0018505851463111109,
          'comm_slowdown': 0.00048556596479999974,
-         'host_dispatch': 0.014426669021019828,
+         'host_dispatch': 0.014420589021019826,
          'optimizer': 0.0022512853108030612}),
     "tp2-dp4-zero3-node-links-straggler": (
-        0.20693593697663176, 0.8599828911790615, (0, 2), 456, "9fbd9bbb9fea7798",
-        (48.00955586301954, 48.872256780557684),
+        0.20688577697663224, 0.8599489436632817, (0, 2), 456, "9fbd9bbb9fea7798",
+        (47.998313075706776, 48.860810383244925),
         {'forward': 0.043413085619535226,
          'backward': 0.06472157056877698,
          'tensor_parallel_comm': 0.008713800533333241,
          'data_parallel_comm': 0.0001799936,
          'comm_slowdown': 0.0028477080575999582,
-         'host_dispatch': 0.08642727616721797,
+         'host_dispatch': 0.08637711616721833,
          'optimizer': 0.0006325024301684029}),
     "pp4-dp4-interleaved-slow-link": (
-        0.12747824167571992, 0.41588989152872996, (0, 1), 1088, "a58bdb4714253c6b",
-        (49.99383559500878, 51.098774906164515),
+        0.12747518167571992, 0.4158573429229748, (0, 1), 1088, "a58bdb4714253c6b",
+        (49.99396123960442, 51.098813802560144),
         {'forward': 0.0065652757216468054,
          'backward': 0.013677319828585914,
-         'pipeline_bubble': 0.04990731824503147,
+         'pipeline_bubble': 0.04991313824503146,
          'pipeline_comm': 0.03141598964444445,
          'data_parallel_comm': 0.0012096439999999958,
          'comm_slowdown': 0.0001920763200000036,
-         'host_dispatch': 0.02280248535608938,
+         'host_dispatch': 0.0227936053560894,
          'optimizer': 0.0017081325599218752}),
     # re-recorded (2026-11-24): FSDP2 copies each unit's gathered weights out into its
     # parameters before the unit's forward and backward (plan/parallel.py _gather_copy_out)
     "dp16-hybrid-zero3-offload": (
-        0.06030143048629232, 0.9561152782019557, (0, 0), 50, "6c6f8685dbdfcdb3",
-        (1.3383788968219048, 1.4128573466517265),
+        0.06028910450501706, 0.9561022308334677, (0, 0), 50, "6c6f8685dbdfcdb3",
+        (1.338059777600429, 1.4125256557570725),
         {'forward': 0.010711241924794872,
          'backward': 0.020468322829570885,
-         'data_parallel_comm': 0.0026463115009150388,
-         'comm_slowdown': 0.002523430321494112,
-         'host_dispatch': 0.008911266379300429,
+         'data_parallel_comm': 0.0026465571928181806,
+         'comm_slowdown': 0.0025233986483156243,
+         'host_dispatch': 0.008898726379300514,
          'optimizer': 0.01504085753021698}),
     "pp2-dp8-zero1-after-backward": (
-        0.07142809591742688, 0.6252024662090022, (0, 0), 256, "8c31064b32360b81",
-        (8.975741134309084, 9.8887058082961),
+        0.07142709591742688, 0.6251403777609582, (0, 0), 256, "8c31064b32360b81",
+        (8.975863854309084, 9.888747568296099),
         {'forward': 0.006495200021038652,
          'backward': 0.013013627544007467,
-         'pipeline_bubble': 0.019224439045062335,
+         'pipeline_bubble': 0.019235599045062328,
          'pipeline_comm': 0.010115529600000006,
          'data_parallel_comm': 0.002299187199999997,
-         'host_dispatch': 0.01999870184346805,
+         'host_dispatch': 0.019986541843468045,
          'optimizer': 0.00028141066385038266}),
     "tp2-pp2-dp2-gpipe-node-links": (
-        0.10589531212929915, 0.7987196021443339, (0, 0), 63, "4ab54d9f4f41f907",
-        (3.4576990171511355, 3.629978655496863),
+        0.1058679721292991, 0.7986889695931275, (0, 0), 63, "4ab54d9f4f41f907",
+        (3.4571003244565834, 3.629329802802311),
         {'forward': 0.00810357721443735,
          'backward': 0.015785059456980718,
          'tensor_parallel_comm': 0.003546372266666679,
-         'pipeline_bubble': 0.021750526393164153,
+         'pipeline_bubble': 0.021747506393164157,
          'pipeline_comm': 0.0004705829333333314,
          'data_parallel_comm': 0.0004455066666666646,
-         'host_dispatch': 0.05465047588800837,
+         'host_dispatch': 0.05462615588800837,
          'optimizer': 0.0011432113100418744}),
 }
 

@@ -27,6 +27,11 @@ BOTH_PASSES = "forward+backward"
 # cover the small sizes (a 16 MiB copy takes ~10 us on the device, past the host's pace).
 LOOP_MIN_BYTES = 2**24
 
+# Smallest matrix product (FLOPs) timed in a loop that the device fit takes when graph
+# replays cover the small ones: 2^35 FLOPs run about 45 us at an H100's bf16 rate, past the
+# 10-40 us a host takes to issue one product from Python.
+LOOP_MIN_FLOPS = 2**35
+
 # A slope of a product's rate against its inner dimension K is fitted only where a precision
 # has this many tensor-core cases on each side of the calibration's knee, compute-bound
 # sized (run longer than a ramp): fewer, and the slope would fit noise between two shapes.
@@ -107,15 +112,29 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
     gemm = row_major or gemm
     precisions = sorted({c["precision"] for c in gemm})
     misaligned = of(lambda c: c["kind"] == "gemm" and narrow(c) and tiled(c))
+    # Small products timed in a loop measure how fast the host issues them (and that pace
+    # moves between runs of one machine by 2x); where CUDA-graph replays give small
+    # products' device time, those fit the device's figures and the loop-timed ones fit
+    # only the host's.
+    gemm_graphed = any(kernel_timed(c) for c in gemm)
+    gemm_host = [c for c in gemm if gemm_graphed and not kernel_timed(c)
+                 and 2 * c["m"] * c["n"] * c["k"] < LOOP_MIN_FLOPS] if device.is_gpu else []
+    gemm = [c for c in gemm if c not in gemm_host]
     gemm_params: list[tuple[Path_, str]] = [
         (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
     gemm_params += [(("gemm", "long_k_slope", p), "slope") for p in precisions
                     if spans_the_knee([c for c in gemm if c["precision"] == p])]
     if has_short(gemm):
         gemm_params.append((("gemm", "ramp_us"), "us"))
-    if device.is_gpu and has_host(gemm):
-        # a cuBLAS call's host cost, told apart by the CUDA-graph replays
-        gemm_params.append((("overhead", "cublas_us"), "us"))
+    host_params: list[tuple[Path_, str]] = []
+    host_cases = gemm_host or gemm
+    if device.is_gpu and has_host(host_cases):
+        # a cuBLAS call's host cost, and an fp8 product's beyond it
+        host_params.append((("overhead", "cublas_us"), "us"))
+        if has_host([c for c in host_cases if c["precision"] == "fp8"]):
+            host_params.append((("overhead", "scaled_mm_us"), "us"))
+    if not gemm_host:
+        gemm_params += host_params
     # (casts change type in an unvectorized kernel of their own: not a copy's bandwidth)
     memory = of(lambda c: c["kind"] == "elementwise" and c["op"] not in ("add_alloc", "cast")
                 and (kernel_timed(c) or not graphed or c["bytes"] >= LOOP_MIN_BYTES))
@@ -131,6 +150,7 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
     out: list[Group] = [
         ("memory", memory, memory_params),
         ("gemm", gemm, gemm_params),
+        ("gemm host", gemm_host, host_params),
         ("misaligned", misaligned,
          [(("gemm", "misaligned_factor", str(p)), "factor")
           for p in sorted({c["precision"] for c in misaligned})]),

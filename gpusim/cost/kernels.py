@@ -161,10 +161,12 @@ CUDNN_FAMILIES = frozenset({"batch_norm"})  # memory-bound ops PyTorch hands to 
 
 def op_host_extra(op: Op, cal: Calibration) -> float:
     """Host seconds an op costs beyond a plain dispatch: a cuBLAS matrix product picks its
-    algorithm through cuBLASLt's heuristics; a cuDNN call (a convolution, or a batch norm
-    on fp32) looks up its execution plan and launches through cuDNN."""
+    algorithm through cuBLASLt's heuristics (an fp8 one also sets its scales); a cuDNN
+    call (a convolution, or a batch norm on fp32) looks up its execution plan and launches
+    through cuDNN."""
     if op.kind == "gemm":
-        return units.us(cal.overhead.cublas_us)
+        fp8 = cal.overhead.scaled_mm_us if op.math == "fp8" else 0.0
+        return units.us(cal.overhead.cublas_us + fp8)
     cudnn = op.kind == "conv" or op.family in CUDNN_FAMILIES
     return units.us(cal.overhead.cudnn_us) if cudnn else 0.0
 

@@ -149,6 +149,10 @@ class OverheadCalibration(Frozen):
     cublas_us: NonNegative = Field(
         0.0, description="extra host time of one cuBLAS matrix product (algorithm choice "
                          "and launch through cuBLASLt), beyond a plain op's dispatch")
+    scaled_mm_us: NonNegative = Field(
+        0.0, description="extra host time of one fp8 matrix product (torch._scaled_mm: its "
+                         "scale operands checked and set on the cuBLASLt descriptor), beyond "
+                         "cublas_us")
     cudnn_us: NonNegative = Field(
         0.0, description="extra host time of one cuDNN call (a convolution, or batch norm "
                          "on fp32): plan lookup and launch through cuDNN, beyond a plain "
