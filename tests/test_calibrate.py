@@ -217,7 +217,7 @@ def test_loop_timed_small_products_fit_the_host_cost_alone() -> None:
     assert host_params == ["overhead.cublas_us", "overhead.scaled_mm_us"]
 
     looped = [c for c in cases if c["kind"] == "gemm" and not c.get("graph")]
-    (name, members, params), = [g for g in fit_groups(looped, h100) if g[0] == "gemm"]
+    (_, _, params), = [g for g in fit_groups(looped, h100) if g[0] == "gemm"]
     assert "overhead.cublas_us" in {".".join(p) for p, _ in params}
 
     cal = calibration_for(h100)
@@ -226,3 +226,23 @@ def test_loop_timed_small_products_fit_the_host_cost_alone() -> None:
     assert cal.overhead.scaled_mm_us > 0
     assert op_host_extra(fp8, cal) - op_host_extra(bf16, cal) == pytest.approx(
         cal.overhead.scaled_mm_us * 1e-6)
+
+
+def test_a_suite_convolution_under_autocast_pays_its_casts() -> None:
+    """The suite runs 16-bit convolutions under autocast on an fp32 input and module: the
+    input and weight casts (in backward, their gradients' casts back) are kernels of the
+    case; a published figure of the same convolution times the cuDNN call alone."""
+    from gpusim.calibrate.micro_ops import case_ops
+
+    h100 = load_device("h100-sxm")
+    shape = {"kind": "conv", "batch": 32, "in_channels": 64, "out_channels": 64,
+             "kernel": 3, "height": 56, "width": 56, "stride": 1, "padding": 1, "bias": 0}
+    names = {(prec, pas): [op.name.rsplit(".", 1)[-1] for op in case_ops(
+        {**shape, "id": f"conv/{prec}/{pas}", "precision": prec, "pass": pas}, h100)]
+        for prec in ("fp32", "bf16") for pas in ("forward", "backward")}
+    assert names["bf16", "forward"][:2] == ["cast_input", "cast_weight"]
+    assert names["bf16", "backward"][-2:] == ["cast_input_grad", "cast_weight_grad"]
+    assert not any("cast" in n for n in names["fp32", "forward"] + names["fp32", "backward"])
+    published = case_ops({**shape, "id": "published/x", "precision": "bf16",
+                          "pass": "forward", "source": "x"}, h100)
+    assert not any("cast" in op.name for op in published)

@@ -25,10 +25,10 @@ PINNED: list[tuple[str, str, int, dict[str, Any], float, dict[str, float], int]]
      {"forward": 0.042509230286512954, "backward": 0.06238118359868144, "recompute": 0.0,
       "optimizer": 0.0011080250832959059, "input_pipeline": 0.0014881109359836941,
       "host_dispatch": 1.0327799999987342e-05, "gpu_idle": 0.0}, 2555),
-    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.03151353028084113,  # host-bound
-     {"forward": 0.0009811148364995937, "backward": 0.0013757416933335702, "recompute": 0.0,
+    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.031022510280841718,  # host-bound
+     {"forward": 0.0009682972429711055, "backward": 0.0013476659930373952, "recompute": 0.0,
       "optimizer": 0.0006502336830321628, "input_pipeline": 0.0,
-      "host_dispatch": 0.028506440067975806, "gpu_idle": 0.0}, 2555),
+      "host_dispatch": 0.028056313361801054, "gpu_idle": 0.0}, 2555),
     ("gpt2", "h100-sxm", 8,
      {"precision": "bf16", "seq_len": 1024, "grad_accum": 4, "loader_workers": 4},
      0.13412775816368688,

@@ -120,9 +120,15 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         n = case["batch"]
         passes = {"forward": layer.forward, "backward_data": layer.backward_input,
                   "backward_filter": layer.backward_weight}
-        if case["pass"] in passes:
+        # The suite runs 16-bit convolutions under autocast on fp32 tensors; a published
+        # figure (a case with a source) times the convolution alone.
+        autocast = case["precision"] in ("fp16", "bf16") and "source" not in case
+        casts = _autocast_casts(layer, n, num, case["pass"] != "forward") if autocast else []
+        if case["pass"] == "forward":
+            return casts + layer.forward(n, num)
+        if case["pass"] in passes:  # published figures of one backward product
             return passes[case["pass"]](n, num)
-        return layer.backward_input(n, num) + layer.backward_weight(n, num)
+        return layer.backward_input(n, num) + layer.backward_weight(n, num) + casts
     if kind == "linear":
         num = numerics(case["precision"], device)
         linear = Linear(case["id"], case["in_features"], case["out_features"], case["tokens"],
@@ -171,6 +177,20 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
 # figures only.
 SDPA_KERNELS = {"flash": "flash2", "cudnn": "cudnn", "efficient": "efficient",
                 "triton": "triton"}
+
+
+def _autocast_casts(layer: Conv2d, batch: int, num: Numerics, backward: bool) -> list[Op]:
+    """What autocast adds to a convolution the micro suite runs on an fp32 input with an fp32
+    module (measure.micro.time_conv): the input's and the weight's casts down to the
+    compute type, or in backward their gradients' casts back up to fp32 (as
+    plan.lower costs them in training)."""
+    fp32, low = DTYPE_BYTES["fp32"], num.act_bytes
+    elements = {"input": batch * layer.in_channels * layer.height * layer.width,
+                "weight": layer.params}
+    suffix = "_grad" if backward else ""
+    return [Op(f"{layer.name}.cast_{what}{suffix}", "memory", 0.0, e * (fp32 + low), "fp32",
+               layer.name, alloc_bytes=e * (fp32 if backward else low))
+            for what, e in elements.items()]
 
 
 def _optimizer_step(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:
