@@ -89,6 +89,11 @@ class Stack(BaseModel):
     # gradient: the 16-bit input, cast again in backward (torchao's float8), or its fp8
     # copy, one byte an element (Transformer Engine)
     fp8_saved_input: Literal["high", "fp8"] = "high"
+    # under fp8 training, whether a mixture of experts' expert products run in fp8 too
+    # (Transformer Engine's GroupedLinear under fp8_autocast) or stay in 16 bits (torchao's
+    # float8 converts nn.Linear modules, and grouped experts are none). Cited in ``sources``
+    # where set.
+    fp8_experts: bool = False
     # the model run under torch.compile (a run's setting, not the framework's: --compile):
     # TorchInductor fuses the memory-bound ops between matrix products into generated kernels
     compiled: bool = False
@@ -120,6 +125,8 @@ class Stack(BaseModel):
             missing.append("fsdp")
         if self.sync_before_step and "sync_before_step" not in self.sources:
             missing.append("sync_before_step")
+        if self.fp8_experts and "fp8_experts" not in self.sources:
+            missing.append("fp8_experts")
         if missing:
             raise ValueError(f"sources must cite where each choice comes from; missing "
                              f"{', '.join(missing)}")

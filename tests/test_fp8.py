@@ -3,6 +3,8 @@ quantized tensor paying its scale and cast kernels, by recipe."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gpusim.errors import InvalidConfig
@@ -87,3 +89,23 @@ def test_sequence_parallel_gathers_move_fp8_inputs() -> None:
     bf16 = estimate("llama3-8b", "h100-sxm", precision="bf16", **kw).step
     fp8 = estimate("llama3-8b", "h100-sxm", precision="fp8", **kw).step
     assert fp8.breakdown_s["tensor_parallel_comm"] < bf16.breakdown_s["tensor_parallel_comm"]
+
+
+def test_experts_run_in_fp8_where_the_stack_runs_them_so() -> None:
+    """Megatron-LM's experts are Transformer Engine GroupedLinear modules under fp8_autocast:
+    their products run in fp8, quantizing each operand first, while the router stays bf16;
+    torchtitan's grouped experts are no nn.Linear for torchao to convert: bf16."""
+    def moe_ops(stack: str) -> list[Any]:
+        job, _ = build_job(model="mixtral-8x7b", gpu="h100-sxm", batch_size=1, seq_len=1024,
+                           precision="fp8", stack=stack)
+        assert isinstance(job, TrainingJob)
+        return [op for op in microbatch_ops(job) if ".moe." in op.name]
+
+    megatron = {op.name.split(".moe.", 1)[1]: op for op in moe_ops("megatron")}
+    assert megatron["experts_up"].math == megatron["experts_down_wgrad"].math == "fp8"
+    assert megatron["router"].math == "bf16"
+    assert {"experts_up.x.to_fp8", "experts_up.w.to_fp8", "experts_down.x.to_fp8",
+            "experts_down.dy.to_fp8", "experts_up.dy.to_fp8"} <= set(megatron)
+    torchtitan = moe_ops("torchtitan")
+    assert all(op.math != "fp8" for op in torchtitan)
+    assert not any("to_fp8" in op.name for op in torchtitan)

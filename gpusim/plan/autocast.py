@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from gpusim.plan.job import TrainingJob
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
+from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
 
 FP32_LIST = frozenset({"layer_norm", "rms_norm", "softmax"})
@@ -61,7 +62,11 @@ def input_elements(layer: Layer) -> int:
 def runs_in_fp8(layer: Layer, job: TrainingJob) -> bool:
     """Under fp8 training, the linear layers that frameworks convert (torchao's float8 and
     Transformer Engine's): trained projections whose dimensions fp8 kernels take (multiples
-    of 16), not the output head."""
+    of 16), not the output head; and a mixture of experts' experts where the stack runs
+    them in fp8 (Stack.fp8_experts)."""
+    if isinstance(layer, MoE):
+        return (job.framework.fp8_experts and job.is_trainable(layer.name)
+                and not layer.hidden % 16 and not layer.ffn % 16)
     return (isinstance(layer, Linear) and not layer.name.startswith("head.")
             and job.is_trainable(layer.name) and not layer.in_features % 16
             and not layer.out_features % 16)

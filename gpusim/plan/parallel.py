@@ -289,7 +289,9 @@ def _stage_job(job: ParallelJob, index: int, layers: tuple[Layer, ...]) -> Train
 
 
 def _fp8_layers(stage_job: TrainingJob) -> frozenset[str]:
-    return (frozenset(la.name for la in stage_job.model.layers if runs_in_fp8(la, stage_job))
+    """The linear layers that gather their input in fp8 under sequence parallelism."""
+    return (frozenset(la.name for la in stage_job.model.layers
+                      if isinstance(la, Linear) and runs_in_fp8(la, stage_job))
             if stage_job.numerics().matmul == "fp8" else frozenset())
 
 

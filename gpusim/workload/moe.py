@@ -7,6 +7,12 @@ projection), the gated activation, and a weighted scatter back. Routing is taken
 (the load-balancing loss's aim): every expert sees ``tokens x top_k / experts`` rows.
 Shared experts (DeepSeek, Qwen2-MoE) run on every token as a dense MLP beside them.
 
+In fp8 training the experts' and shared experts' products run in fp8 and quantize their
+inputs, weights and output gradients first, as a linear layer's do (Transformer Engine's
+GroupedLinear under fp8_autocast); the router is no Transformer Engine module and runs in
+the activations' type (Megatron-LM megatron/core/transformer/moe/router.py @d98e8a64dd:
+router_gating_linear in input.dtype unless moe_router_dtype says fp32).
+
 Under expert parallelism (``ep`` ranks, ``local_experts`` each) a rank computes its own
 experts over every rank's tokens routed to them, exchanged by all-to-alls before and after
 (``ep_collectives``); with balanced routing that is as many rows as its own tokens x top_k.
@@ -17,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpusim.comm.collectives import Collective
+from gpusim.workload.fp8 import quantize_ops
 from gpusim.workload.layers import Layer
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
@@ -101,48 +108,72 @@ class MoE(Layer):
         return gemm_op(f"{self.name}.{tag}", GemmShape(m, out, inner, layout=layout),
                        num.matmul, num.act_bytes)
 
+    def _router(self, tag: str, m: int, out: int, inner: int, layout: str,
+                num: Numerics) -> Op:
+        """The router's product: never fp8 (see the module's docstring), but in fp8
+        training's 16-bit type (TrainingJob.numerics: bf16 beside fp8)."""
+        math = "bf16" if num.matmul == "fp8" else num.matmul
+        return gemm_op(f"{self.name}.{tag}", GemmShape(m, out, inner, layout=layout),
+                       math, num.act_bytes)
+
+    def _quantized(self, tag: str, elements: float, num: Numerics) -> list[Op]:
+        """An fp8 product's operand quantized first (nothing outside fp8 training)."""
+        return quantize_ops(f"{self.name}.{tag}", elements, num) if num.matmul == "fp8" else []
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
         t, h, e = n * self.rows, self.hidden, self._routed(n)
         a = num.act_bytes
+        q = self._quantized
+        held = self.held
         ops = [
-            self._dense("router", t, self.experts, h, "nt", num),
+            self._router("router", t, self.experts, h, "nt", num),
             # softmax over the experts and top-k, in fp32: scores in, weights and indices out
             memory_op(f"{self.name}.topk", t * self.experts, 2 * t * self.top_k,
                       DTYPE_BYTES["fp32"], 5),
             memory_op(f"{self.name}.permute", e * h, e * h, a, 0),
+            *q("experts_up.x", e * h, num), *q("experts_up.w", held * self._up * h, num),
             self._expert("experts_up", n, self._up, h, "nt", num),
             memory_op(f"{self.name}.act", (2 if self.gated else 1) * e * self.ffn,
                       e * self.ffn, a, 6),
+            *q("experts_down.x", e * self.ffn, num),
+            *q("experts_down.w", held * h * self.ffn, num),
             self._expert("experts_down", n, h, self.ffn, "nt", num),
             # each copy scaled by its routing weight and summed back into its token
             memory_op(f"{self.name}.unpermute", e * h, t * h, a, 2),
         ]
         if self.shared_ffn:
-            ops += [self._dense("shared_up", t, self._shared_up, h, "nt", num),
-                    memory_op(f"{self.name}.shared_act", 2 * t * self.shared_ffn,
-                              t * self.shared_ffn, a, 6),
-                    self._dense("shared_down", t, h, self.shared_ffn, "nt", num),
+            up, ffn = self._shared_up, self.shared_ffn
+            ops += [*q("shared_up.x", t * h, num), *q("shared_up.w", up * h, num),
+                    self._dense("shared_up", t, up, h, "nt", num),
+                    memory_op(f"{self.name}.shared_act", 2 * t * ffn, t * ffn, a, 6),
+                    *q("shared_down.x", t * ffn, num), *q("shared_down.w", h * ffn, num),
+                    self._dense("shared_down", t, h, ffn, "nt", num),
                     memory_op(f"{self.name}.shared_add", 2 * t * h, t * h, a, 1)]
         return self._tag(ops)
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         t, h, e = n * self.rows, self.hidden, self._routed(n)
         a = num.act_bytes
+        q = self._quantized
         ops = [
             memory_op(f"{self.name}.unpermute_bwd", t * h + e * h, e * h, a, 2),
+            *q("experts_down.dy", e * h, num),
             self._expert("experts_down_dgrad", n, self.ffn, h, "nn", num),
             memory_op(f"{self.name}.act_bwd", 3 * e * self.ffn, 2 * e * self.ffn, a, 12),
+            *q("experts_up.dy", e * self._up, num),
             self._expert("experts_up_dgrad", n, h, self._up, "nn", num),
             memory_op(f"{self.name}.permute_bwd", e * h, t * h, a, 1),  # copies summed
             memory_op(f"{self.name}.topk_bwd", 2 * t * self.experts, t * self.experts,
                       DTYPE_BYTES["fp32"], 5),
-            self._dense("router_dgrad", t, h, self.experts, "nn", num),
+            self._router("router_dgrad", t, h, self.experts, "nn", num),
         ]
         if self.shared_ffn:
-            ops += [self._dense("shared_down_dgrad", t, self.shared_ffn, h, "nn", num),
-                    memory_op(f"{self.name}.shared_act_bwd", 3 * t * self.shared_ffn,
-                              2 * t * self.shared_ffn, a, 12),
-                    self._dense("shared_up_dgrad", t, h, self._shared_up, "nn", num)]
+            up, ffn = self._shared_up, self.shared_ffn
+            ops += [*q("shared_down.dy", t * h, num),
+                    self._dense("shared_down_dgrad", t, ffn, h, "nn", num),
+                    memory_op(f"{self.name}.shared_act_bwd", 3 * t * ffn, 2 * t * ffn, a, 12),
+                    *q("shared_up.dy", t * up, num),
+                    self._dense("shared_up_dgrad", t, h, up, "nn", num)]
         return self._tag(ops)
 
     def backward_weight(self, n: int, num: Numerics) -> list[Op]:
@@ -154,7 +185,7 @@ class MoE(Layer):
             return gemm_op(f"{self.name}.{tag}", shape, num.matmul, num.act_bytes)
 
         ops = [wgrad("experts_up_wgrad", self._up, h), wgrad("experts_down_wgrad", h, self.ffn),
-               self._dense("router_wgrad", self.experts, h, t, "tn", num)]
+               self._router("router_wgrad", self.experts, h, t, "tn", num)]
         if self.shared_ffn:
             ops += [self._dense("shared_up_wgrad", self._shared_up, h, t, "tn", num),
                     self._dense("shared_down_wgrad", h, self.shared_ffn, t, "tn", num)]
