@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -246,3 +247,46 @@ def test_a_suite_convolution_under_autocast_pays_its_casts() -> None:
     published = case_ops({**shape, "id": "published/x", "precision": "bf16",
                           "pass": "forward", "source": "x"}, h100)
     assert not any("cast" in op.name for op in published)
+
+
+def test_attention_rates_move_with_sequence_length_and_head_dimension() -> None:
+    """A fused attention kernel pays fixed work per block of queries (short sequences run
+    below long ones) and a softmax that does not grow with the head dimension (d 64 below
+    128): both fitted where the cases span them, the factor being the rate at 32 key blocks
+    of d 128, which neither moves."""
+    from gpusim.calibrate.groups import fit_groups
+    from gpusim.cost.kernels import REFERENCE_KEY_BLOCKS, kernel_cost, key_blocks_per_query_block
+    from gpusim.workload.attention import Attention
+    from gpusim.workload.numerics import Numerics
+    from gpusim.workload.ops import AttentionShape
+
+    bf16 = Numerics("bf16", "bf16", "bf16")
+
+    assert key_blocks_per_query_block(AttentionShape(1, 4096, 4096, False)) == 32
+    assert key_blocks_per_query_block(AttentionShape(1, 4096, 4096, True)) == 16.5
+    assert key_blocks_per_query_block(AttentionShape(1, 8192, 8192, False, window=1024)) == 9
+
+    h100 = load_device("h100-sxm")
+    cal = calibration_for(h100)
+    assert cal.attention_overhead("cudnn") > 0 and cal.attention_width("cudnn") > 0
+    bare = cal.model_copy(update={"gemm": cal.gemm.model_copy(update={
+        "attention_tile_overhead": {}, "attention_softmax_width": {}})})
+
+    def rate(seq: int, d: int, c: Any) -> float:
+        att = Attention("a", 16, d, seq, causal=False, fused=True, kernel="cudnn")
+        op = next(o for o in att.forward(1, bf16) if o.kind == "attention")
+        return op.flops / kernel_cost(op, h100, c).compute_s
+
+    reference = REFERENCE_KEY_BLOCKS * 128
+    assert rate(reference, 128, cal) == pytest.approx(rate(reference, 128, bare))
+    assert rate(1024, 128, cal) < rate(reference, 128, cal) < rate(32768, 128, cal)
+    assert rate(reference, 64, cal) < rate(reference, 128, cal)
+
+    cases = results.load(results.measurements_dir() / "h100-sxm" / "micro.json",
+                         suite="micro")["cases"]
+    params = {".".join(p) for name, _, ps in fit_groups(cases, h100) for p, _ in ps
+              if name == "attention cudnn"}
+    assert {"gemm.attention_tile_overhead.cudnn", "gemm.attention_softmax_width.cudnn"} <= params
+    single = [c for c in cases if c.get("seq") == 4096]
+    assert not any("overhead" in ".".join(p) for _, _, ps in fit_groups(single, h100)
+                   for p, _ in ps)

@@ -31,10 +31,10 @@ PINNED: list[tuple[str, str, int, dict[str, Any], float, dict[str, float], int]]
       "host_dispatch": 0.028056313361801054, "gpu_idle": 0.0}, 2555),
     ("gpt2", "h100-sxm", 8,
      {"precision": "bf16", "seq_len": 1024, "grad_accum": 4, "loader_workers": 4},
-     0.13412775816368688,
-     {"forward": 0.014269087246614678, "backward": 0.02792316731648222, "recompute": 0.0,
+     0.13412775816368713,
+     {"forward": 0.01450063535219478, "backward": 0.028620828240200853, "recompute": 0.0,
       "optimizer": 0.003081522269147718, "input_pipeline": 0.0,
-      "host_dispatch": 0.08885398133144227, "gpu_idle": 0.0}, 4371),
+      "host_dispatch": 0.08792477230214378, "gpu_idle": 0.0}, 4371),
     ("mnist-mlp", "xeon6-2vcpu", 64, {"precision": "fp32"}, 0.0021805339601938655,  # a CPU
      {"forward": 0.0003329626009560567, "backward": 0.00048326517873158474,
       "recompute": 0.0, "optimizer": 0.0011813279205062238, "input_pipeline": 0.0,

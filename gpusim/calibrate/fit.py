@@ -133,7 +133,8 @@ def _search(lo: float, hi: float, score: Callable[[float], float], zero: bool) -
 
 # Ranges per parameter kind: efficiencies are fractions of peak, ramps and gaps microseconds.
 _RANGE = {"efficiency": (0.005, 1.0, False), "factor": (0.05, 1.0, False),
-          "slope": (0.002, 0.5, True),
+          "slope": (0.002, 0.5, True), "blocks": (0.05, 64.0, True),
+          "dims": (1.0, 512.0, True),
           "us": (0.01, 5000.0, True), "gb_s": (0.1, 1000.0, False)}
 
 
@@ -354,6 +355,12 @@ def _auto_attention(cal: dict[str, Any], data: dict[str, Any], fits: list[GroupF
     fitted = cal["gemm"].get("attention_kernels", {}).get(SDPA_KERNELS.get(backend, ""))
     if not fitted:
         return ""
+    overhead = cal["gemm"].get("attention_tile_overhead", {})
+    if SDPA_KERNELS[backend] in overhead:
+        overhead["auto"] = overhead[SDPA_KERNELS[backend]]
+    width = cal["gemm"].get("attention_softmax_width", {})
+    if SDPA_KERNELS[backend] in width:
+        width["auto"] = width[SDPA_KERNELS[backend]]
     if "forward" in fitted:
         cal["gemm"]["attention_factor"] = fitted["forward"]
     if "backward" in fitted:

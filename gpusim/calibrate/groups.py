@@ -37,6 +37,10 @@ LOOP_MIN_FLOPS = 2**35
 # sized (run longer than a ramp): fewer, and the slope would fit noise between two shapes.
 LONG_K_MIN_CASES = 3
 
+# An attention kernel's fixed work per query block is fitted where its cases cover this many
+# sequence lengths (with fewer, it cannot be told apart from the kernel's rate).
+SEQ_LENGTHS_FOR_OVERHEAD = 3
+
 # The smallest GEMM tile side any calibration states (64 x 64).
 SMALLEST_TILE = 64
 
@@ -58,6 +62,21 @@ def spans_the_knee(cases: list[dict[str, Any]]) -> bool:
                        if c["precision"] in TENSOR_CORE_MATH and c["median_s"] >= SHORT_KERNEL_S]
     return (sum(k > knee for k in long) >= LONG_K_MIN_CASES
             and sum(k <= knee for k in long) >= LONG_K_MIN_CASES)
+
+
+def overhead_param(kernel: str, cases: list[dict[str, Any]]) -> list[tuple[Path_, str]]:
+    """An attention kernel's fixed work per block of queries (GemmCalibration.
+    attention_tile_overhead), where its cases span sequence lengths that tell it apart from
+    the kernel's rate, and its softmax's share (attention_softmax_width), where they span
+    head dimensions."""
+    spans = len({c["seq"] for c in cases if "seq" in c}) >= SEQ_LENGTHS_FOR_OVERHEAD
+    widths = len({c["head_dim"] for c in cases if "head_dim" in c}) >= 2
+    params: list[tuple[Path_, str]] = []
+    if spans:
+        params.append((("gemm", "attention_tile_overhead", kernel), "blocks"))
+    if widths:
+        params.append((("gemm", "attention_softmax_width", kernel), "dims"))
+    return params
 
 
 def has_short(cases: list[dict[str, Any]]) -> bool:
@@ -83,7 +102,8 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
         times the two passes together (published forward+backward figures)."""
         apart = any(c["pass"] != "forward_backward" for c in cases)
         return [(("gemm", "attention_kernels", kernel, phase), "factor")
-                for phase in (("forward", "backward") if apart else (BOTH_PASSES,))]
+                for phase in (("forward", "backward") if apart else (BOTH_PASSES,))
+                ] + overhead_param(kernel, cases)
 
     per_kernel: list[Group] = [
         (f"attention {kernel}", sdpa(backend), kernel_params(kernel, sdpa(backend)))
@@ -146,6 +166,8 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
     rows = of(lambda c: c["kind"] == "row_kernel" and c["op"] in ROW_KERNEL_LAYERS)
     row_families = sorted({row_family(c, device) for c in rows})
     conv = of(lambda c: c["kind"] == "conv")
+    auto = of(lambda c: c["kind"] == "attention"
+              or (c["kind"] == "sdpa" and c.get("backend") == "auto"))
     conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
     out: list[Group] = [
         ("memory", memory, memory_params),
@@ -169,10 +191,10 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
          [(("memory", "kernel_factors", f), "factor") for f in row_families]),
         # What training gets: SDPA's own choice of backend (the "auto" cases), forward and
         # backward apart.
-        ("attention", of(lambda c: c["kind"] == "attention"
-                         or (c["kind"] == "sdpa" and c.get("backend") == "auto")),
+        ("attention", auto,
          [(("gemm", "attention_factor"), "factor"),
-          (("gemm", "attention_backward_factor"), "factor")]),
+          (("gemm", "attention_backward_factor"), "factor"),
+          *overhead_param("auto", [c for c in auto if c["kind"] == "sdpa"])]),
         *per_kernel,
         ("optimizer", of(lambda c: c["kind"] == "optimizer" and c["impl"] == "default"),
          [(("overhead", "optimizer_us"), "us"), (("overhead", "optimizer_tensor_us"), "us")]),

@@ -84,6 +84,25 @@ def attention_tiling(shape: AttentionShape) -> float:
     return useful / computed
 
 
+# The attention factors are the kernels' rates where each query block sees this many key
+# blocks (4096 keys) at this head dimension; the fixed work per query block and the
+# softmax's share move the rate either side of it.
+REFERENCE_KEY_BLOCKS = 32
+REFERENCE_HEAD_DIM = 128
+
+
+def key_blocks_per_query_block(shape: AttentionShape) -> float:
+    """Blocks of keys each block of queries works through, on average: all of them, half
+    of them (plus the diagonal's) under the causal mask, the band under a window."""
+    q, k = shape.queries / ATTENTION_TILE, shape.keys / ATTENTION_TILE
+    rows, cols = math.ceil(q), math.ceil(k)
+    if shape.window:
+        return float(min(cols, math.ceil(shape.window / ATTENTION_TILE) + 1))
+    if shape.causal:
+        return (rows * cols / 2 + min(rows, cols) / 2) / rows
+    return float(cols)
+
+
 def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     """Seconds ``op`` occupies the device's compute stream."""
     bandwidth = (device.memory_bandwidth * memory_efficiency(op.bytes, cal)
@@ -105,6 +124,15 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
             eff *= cal.attention_efficiency(op.kernel, op.family == "attention_backward")
             if op.attention is not None:
                 eff *= attention_tiling(op.attention)
+                fixed = cal.attention_overhead(op.kernel)  # key blocks per query block
+                if fixed:
+                    blocks = key_blocks_per_query_block(op.attention)
+                    eff *= (blocks / (blocks + fixed)
+                            * (REFERENCE_KEY_BLOCKS + fixed) / REFERENCE_KEY_BLOCKS)
+                width = cal.attention_width(op.kernel)  # the softmax, in head-dim units
+                if width:
+                    d = op.attention.head_dim
+                    eff *= d / (d + width) * (REFERENCE_HEAD_DIM + width) / REFERENCE_HEAD_DIM
         if op.gemm is not None and isinstance(device, GPUProfile):
             eff *= quantization_efficiency(op.gemm, device, cal)
             if op.kind == "gemm":

@@ -70,6 +70,25 @@ class GemmCalibration(Frozen):
                     "and backward relative to GEMM, fitted on SDPA restricted to that "
                     "backend; a kernel not listed runs as attention_factor says (the "
                     "architecture's default kernel)")
+    attention_tile_overhead: dict[str, NonNegative] = Field(
+        default_factory=dict,
+        description="per attention kernel (flash2, cudnn, ...; auto: the architecture's "
+                    "default kernel), the fixed work each block of queries costs beyond its "
+                    "blocks of keys, in key blocks (loading the queries, the softmax's final "
+                    "rescale, writing the output): a kernel whose query blocks each see few "
+                    "keys (short sequences) runs below the rate long ones reach, by keys / "
+                    "(keys + overhead), relative to its factor's rate at 32 key blocks "
+                    "(cost.kernels.REFERENCE_KEY_BLOCKS). Fitted where a kernel's cases span "
+                    "sequence lengths; none given: the default kernel's, else 0")
+    attention_softmax_width: dict[str, NonNegative] = Field(
+        default_factory=dict,
+        description="per attention kernel (as attention_tile_overhead), the work of the "
+                    "softmax on each block of scores in head-dimension units: the two "
+                    "products grow with the head dimension d and the softmax does not, so "
+                    "a kernel runs at d / (d + width) of its rate, relative to its factor's "
+                    "at d = 128 (FlashAttention's head-dim-64 runs below its 128 ones). "
+                    "Fitted where a kernel's cases span head dimensions; none given: the "
+                    "default kernel's, else 0")
     long_k_slope: dict[str, NonNegative] = Field(
         default_factory=dict,
         description="per math precision, how a product's rate falls as its inner dimension K "
@@ -217,6 +236,17 @@ class Calibration(Frozen):
         if backward and g.attention_backward_factor is not None:
             return g.attention_backward_factor
         return g.attention_factor
+
+    def attention_overhead(self, kernel: str) -> float:
+        """Key blocks of fixed work per query block: the named kernel's where fitted, else
+        the default kernel's (auto), else none."""
+        found = self.gemm.attention_tile_overhead
+        return found.get(kernel or "auto", found.get("auto", 0.0))
+
+    def attention_width(self, kernel: str) -> float:
+        """The softmax's head-dimension units per score block, as attention_overhead."""
+        found = self.gemm.attention_softmax_width
+        return found.get(kernel or "auto", found.get("auto", 0.0))
 
     def gemm_efficiency(self, math: str) -> float:
         """Max efficiency for ``math``; precisions the file omits use its fp32 entry."""

@@ -88,7 +88,7 @@ class Attention(Layer):
 
     def _shape(self, n: int) -> AttentionShape:
         return AttentionShape(n * self.heads, self.seq, self.keys, self.causal,
-                              self._window)
+                              self._window, self.head_dim)
 
     @property
     def _window(self) -> int:

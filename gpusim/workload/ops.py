@@ -81,6 +81,7 @@ class AttentionShape:
     keys: int
     causal: bool
     window: int = 0  # sliding window (0: every key)
+    head_dim: int = 128
 
 
 @dataclass(frozen=True, slots=True)
