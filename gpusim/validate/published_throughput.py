@@ -68,6 +68,8 @@ def _gpu(text: str) -> DeviceProfile:
         return load_gpu("mi300x")
     if "h200" in low:
         return load_gpu("h200")
+    if "b200" in low:
+        return load_gpu("b200")
     if "a100" in low:
         return load_gpu("a100-80gb")
     if "96gb" in low:  # Meta's Grand Teton H100s: 96 GB of HBM2e, a 500 W limit
@@ -116,7 +118,7 @@ def _not_modelled(case: dict[str, Any]) -> str:
         return "multi-head latent attention (MLA) without its dimensions"
     if "sliding" in str(m.get("attention", "")).lower() and not _window(m):
         return "sliding-window attention without its window size"
-    if not str(t.get("precision", "")).startswith(("bf16", "fp8")):
+    if not str(t.get("precision", "")).startswith(("bf16", "fp8", "mxfp8")):
         return "precision not stated"
     if not isinstance(t.get("seq_len"), int):
         return "sequence length not stated"
@@ -168,7 +170,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     accum = t.get("grad_accum")
     batch = stated if isinstance(stated, int) else \
         micro * dp * (accum if isinstance(accum, int) else 1)
-    precision = "fp8" if str(t["precision"]).startswith("fp8") else "bf16"
+    precision = "fp8" if str(t["precision"]).startswith(("fp8", "mxfp8")) else "bf16"
     # True, or the doc's own word for it ("true (doc: ...)")
     compiled = t.get("torch_compile") is True or str(t.get("torch_compile")).startswith("true")
     if not isinstance(stated, int):
@@ -243,8 +245,13 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
 
 def _fp8_recipe(precision: str) -> str:
     """The scaling a case's fp8 runs: Transformer Engine's DelayedScaling where the case
-    says so (its only recipe before TE 2), else per-tensor current scaling."""
-    return "delayed" if "delayed" in precision.lower() else "tensorwise"
+    says so (its only recipe before TE 2), torchao's rowwise or MX scaling where it names
+    them, else per-tensor current scaling."""
+    low = precision.lower()
+    for recipe in ("delayed", "rowwise", "mxfp8"):
+        if recipe in low:
+            return recipe
+    return "tensorwise"
 
 
 def _recompute(t: dict[str, Any], flags: list[str], framework: str = "", model: str = "") -> str:
