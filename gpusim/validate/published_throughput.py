@@ -127,9 +127,10 @@ def _not_modelled(case: dict[str, Any]) -> str:
 
 def _stack(case: dict[str, Any]) -> str:
     source = str(case["source"]["url_or_repo_path"])
-    if "torchtitan" in source:
-        # the commit the page ran at: 2025's (June: async TP, H200) or December 2024's
-        framework = str(case["framework"])
+    framework = str(case["framework"])
+    if "torchtitan" in source or any(c in framework for c in MID_2025_COMMITS):
+        # the commit the page ran at: 2025's (June: async TP, H200; August: torchao's
+        # tables) or December 2024's
         return "torchtitan-2025" if any(c in framework for c in MID_2025_COMMITS) \
             else "torchtitan-2024"
     if "Megatron" in source or source.startswith("NVIDIA/NeMo "):
@@ -138,7 +139,7 @@ def _stack(case: dict[str, Any]) -> str:
         return "llm-foundry-2023"
     if "Automodel" in source:
         return "nemo-automodel"
-    if "torchtitan" in str(case["framework"]):
+    if "torchtitan" in framework:
         # AMD's ROCm/torchtitan fork of early 2025 ('minor changes'): torchtitan's choices of
         # its December 2024 benchmarks, the fork's own changes not public
         return "torchtitan-2024"
