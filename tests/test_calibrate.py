@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,26 @@ def test_attention_rates_move_with_sequence_length_and_head_dimension() -> None:
     single = [c for c in cases if c.get("seq") == 4096]
     assert not any("overhead" in ".".join(p) for _, _, ps in fit_groups(single, h100)
                    for p, _ in ps)
+
+
+def test_the_attention_curve_is_not_carried_past_the_fitted_lengths() -> None:
+    """Past the longest sequence a kernel's overhead was fitted on, its rate is that
+    length's: the saturating curve is held flat rather than extrapolated."""
+    from gpusim.cost.kernels import kernel_cost
+    from gpusim.workload.attention import Attention
+    from gpusim.workload.numerics import Numerics
+
+    h100 = load_device("h100-sxm")
+    cal = calibration_for(h100)
+    longest = cal.attention_longest("cudnn")
+    assert longest is not None and 16 <= longest <= 64  # the suite's SDPA runs reach 8K
+
+    def rate(seq: int) -> float:
+        att = Attention("a", 16, 128, seq, causal=False, fused=True, kernel="cudnn")
+        op = next(o for o in att.forward(1, Numerics("bf16", "bf16", "bf16"))
+                  if o.kind == "attention")
+        return op.flops / kernel_cost(op, h100, cal).compute_s
+
+    edge = 128 * math.ceil(longest)  # whole blocks (no partial tile), past the longest
+    assert rate(edge // 4) < rate(edge)
+    assert rate(4 * edge) == pytest.approx(rate(edge), rel=1e-3)

@@ -32,11 +32,13 @@ import yaml
 from gpusim.calibrate.groups import BOTH_PASSES, Path_, fit_groups
 from gpusim.calibrate.micro_ops import (
     SDPA_KERNELS,
+    case_ops,
     layer_host_job,
     layer_host_times,
     looped_case,
     predict,
 )
+from gpusim.cost.kernels import key_blocks_per_query_block
 from gpusim.errors import InvalidMeasurement
 from gpusim.hardware.calibration import Calibration, stated_defaults
 from gpusim.hardware.catalog import catalog, profiles_dir
@@ -158,6 +160,12 @@ def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
             _set(data, path, _search(lo, hi, score, zero))
 
 
+def _longest_key_blocks(cases: list[dict[str, Any]], device: DeviceProfile) -> float:
+    """The most key blocks any query block of these attention cases works through."""
+    return max(key_blocks_per_query_block(op.attention) for c in cases
+               for op in case_ops(c, device) if op.attention is not None)
+
+
 def _load_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
     runs = []
     for path in paths:
@@ -228,6 +236,10 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
         if name == "memory" and not device.is_gpu:
             cal = _fit_cache_regime(cal, params, group_cases, device)
         else:
+            for where, _ in params:
+                if where[:2] == ("gemm", "attention_tile_overhead"):
+                    longest = cal["gemm"].setdefault("attention_longest", {})
+                    longest[where[2]] = _longest_key_blocks(group_cases, device)
             _fit_group(cal, params, group_cases, device)
         fitted = {".".join(p): _get(cal, p) for p, _ in params if _has(cal, p)}
         if name == "memory" and cal["memory"].get("cache_mib"):
@@ -358,6 +370,9 @@ def _auto_attention(cal: dict[str, Any], data: dict[str, Any], fits: list[GroupF
     overhead = cal["gemm"].get("attention_tile_overhead", {})
     if SDPA_KERNELS[backend] in overhead:
         overhead["auto"] = overhead[SDPA_KERNELS[backend]]
+    longest = cal["gemm"].get("attention_longest", {})
+    if SDPA_KERNELS[backend] in longest:
+        longest["auto"] = longest[SDPA_KERNELS[backend]]
     width = cal["gemm"].get("attention_softmax_width", {})
     if SDPA_KERNELS[backend] in width:
         width["auto"] = width[SDPA_KERNELS[backend]]

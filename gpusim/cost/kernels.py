@@ -127,6 +127,9 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                 fixed = cal.attention_overhead(op.kernel)  # key blocks per query block
                 if fixed:
                     blocks = key_blocks_per_query_block(op.attention)
+                    longest = cal.attention_longest(op.kernel)
+                    if longest is not None:
+                        blocks = min(blocks, longest)
                     eff *= (blocks / (blocks + fixed)
                             * (REFERENCE_KEY_BLOCKS + fixed) / REFERENCE_KEY_BLOCKS)
                 width = cal.attention_width(op.kernel)  # the softmax, in head-dim units

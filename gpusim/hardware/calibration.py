@@ -80,6 +80,14 @@ class GemmCalibration(Frozen):
                     "(keys + overhead), relative to its factor's rate at 32 key blocks "
                     "(cost.kernels.REFERENCE_KEY_BLOCKS). Fitted where a kernel's cases span "
                     "sequence lengths; none given: the default kernel's, else 0")
+    attention_longest: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="per attention kernel (as attention_tile_overhead), the most key blocks "
+                    "per query block among the cases its overhead was fitted on: a longer "
+                    "sequence runs at that length's rate, since the fitted curve is not "
+                    "carried past the measurements (published long-sequence figures level "
+                    "off or fall: the FlashAttention-3 paper's cuDNN rows on an H100 at 16K, "
+                    "cuDNN on a B200 past 32K)")
     attention_softmax_width: dict[str, NonNegative] = Field(
         default_factory=dict,
         description="per attention kernel (as attention_tile_overhead), the work of the "
@@ -242,6 +250,11 @@ class Calibration(Frozen):
         the default kernel's (auto), else none."""
         found = self.gemm.attention_tile_overhead
         return found.get(kernel or "auto", found.get("auto", 0.0))
+
+    def attention_longest(self, kernel: str) -> float | None:
+        """Key blocks per query block past which the overhead's curve is held flat."""
+        found = self.gemm.attention_longest
+        return found.get(kernel or "auto", found.get("auto"))
 
     def attention_width(self, kernel: str) -> float:
         """The softmax's head-dimension units per score block, as attention_overhead."""
