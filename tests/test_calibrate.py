@@ -294,8 +294,8 @@ def test_attention_rates_move_with_sequence_length_and_head_dimension() -> None:
 
 
 def test_the_attention_curve_is_not_carried_past_the_fitted_lengths() -> None:
-    """Past the longest sequence a kernel's overhead was fitted on, its rate is that
-    length's: the saturating curve is held flat rather than extrapolated."""
+    """Past the longest sequence (and the widest head) a kernel's terms were fitted on, its
+    rate is that length's: the saturating curves are held flat rather than extrapolated."""
     from gpusim.cost.kernels import kernel_cost
     from gpusim.workload.attention import Attention
     from gpusim.workload.numerics import Numerics
@@ -314,3 +314,14 @@ def test_the_attention_curve_is_not_carried_past_the_fitted_lengths() -> None:
     edge = 128 * math.ceil(longest)  # whole blocks (no partial tile), past the longest
     assert rate(edge // 4) < rate(edge)
     assert rate(4 * edge) == pytest.approx(rate(edge), rel=1e-3)
+
+    # likewise the head dimension: the suite timed 64 and 128, so 256 runs at 128's rate
+    assert cal.attention_widest("cudnn") == 128
+
+    def per_flop(d: int) -> float:
+        att = Attention("a", 16, d, 4096, causal=False, fused=True, kernel="cudnn")
+        op = next(o for o in att.forward(1, Numerics("bf16", "bf16", "bf16"))
+                  if o.kind == "attention")
+        return op.flops / kernel_cost(op, h100, cal).compute_s
+
+    assert per_flop(64) < per_flop(128) == pytest.approx(per_flop(256), rel=1e-9)

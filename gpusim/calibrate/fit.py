@@ -240,6 +240,10 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
                 if where[:2] == ("gemm", "attention_tile_overhead"):
                     longest = cal["gemm"].setdefault("attention_longest", {})
                     longest[where[2]] = _longest_key_blocks(group_cases, device)
+                if where[:2] == ("gemm", "attention_softmax_width"):
+                    widest = cal["gemm"].setdefault("attention_widest", {})
+                    widest[where[2]] = max(c["head_dim"] for c in group_cases
+                                           if "head_dim" in c)
             _fit_group(cal, params, group_cases, device)
         fitted = {".".join(p): _get(cal, p) for p, _ in params if _has(cal, p)}
         if name == "memory" and cal["memory"].get("cache_mib"):
@@ -373,6 +377,9 @@ def _auto_attention(cal: dict[str, Any], data: dict[str, Any], fits: list[GroupF
     longest = cal["gemm"].get("attention_longest", {})
     if SDPA_KERNELS[backend] in longest:
         longest["auto"] = longest[SDPA_KERNELS[backend]]
+    widest = cal["gemm"].get("attention_widest", {})
+    if SDPA_KERNELS[backend] in widest:
+        widest["auto"] = widest[SDPA_KERNELS[backend]]
     width = cal["gemm"].get("attention_softmax_width", {})
     if SDPA_KERNELS[backend] in width:
         width["auto"] = width[SDPA_KERNELS[backend]]

@@ -134,7 +134,9 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                             * (REFERENCE_KEY_BLOCKS + fixed) / REFERENCE_KEY_BLOCKS)
                 width = cal.attention_width(op.kernel)  # the softmax, in head-dim units
                 if width:
-                    d = op.attention.head_dim
+                    widest = cal.attention_widest(op.kernel)
+                    d = op.attention.head_dim if widest is None else min(
+                        op.attention.head_dim, widest)
                     eff *= d / (d + width) * (REFERENCE_HEAD_DIM + width) / REFERENCE_HEAD_DIM
         if op.gemm is not None and isinstance(device, GPUProfile):
             eff *= quantization_efficiency(op.gemm, device, cal)

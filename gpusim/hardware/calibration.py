@@ -88,6 +88,12 @@ class GemmCalibration(Frozen):
                     "carried past the measurements (published long-sequence figures level "
                     "off or fall: the FlashAttention-3 paper's cuDNN rows on an H100 at 16K, "
                     "cuDNN on a B200 past 32K)")
+    attention_widest: dict[str, Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="per attention kernel (as attention_softmax_width), the largest head "
+                    "dimension among the cases its softmax width was fitted on: a wider head "
+                    "runs at that dimension's rate (the FlashAttention-3 paper's head-dim-256 "
+                    "rows on an H100 run below the curve's extrapolation)")
     attention_softmax_width: dict[str, NonNegative] = Field(
         default_factory=dict,
         description="per attention kernel (as attention_tile_overhead), the work of the "
@@ -254,6 +260,11 @@ class Calibration(Frozen):
     def attention_longest(self, kernel: str) -> float | None:
         """Key blocks per query block past which the overhead's curve is held flat."""
         found = self.gemm.attention_longest
+        return found.get(kernel or "auto", found.get("auto"))
+
+    def attention_widest(self, kernel: str) -> int | None:
+        """The head dimension past which the softmax's term is held flat."""
+        found = self.gemm.attention_widest
         return found.get(kernel or "auto", found.get("auto"))
 
     def attention_width(self, kernel: str) -> float:
