@@ -40,7 +40,7 @@ from gpusim.calibrate.micro_ops import (
 )
 from gpusim.cost.kernels import key_blocks_per_query_block
 from gpusim.errors import InvalidMeasurement
-from gpusim.hardware.calibration import Calibration, stated_defaults
+from gpusim.hardware.calibration import ATTENTION_SHAPE_TERMS, Calibration, stated_defaults
 from gpusim.hardware.catalog import catalog, profiles_dir
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
@@ -160,10 +160,18 @@ def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
             _set(data, path, _search(lo, hi, score, zero))
 
 
-def _longest_key_blocks(cases: list[dict[str, Any]], device: DeviceProfile) -> float:
-    """The most key blocks any query block of these attention cases works through."""
-    return max(key_blocks_per_query_block(op.attention) for c in cases
-               for op in case_ops(c, device) if op.attention is not None)
+def _record_attention_ranges(cal: dict[str, Any], params: list[tuple[Path_, str]],
+                             cases: list[dict[str, Any]], device: DeviceProfile) -> None:
+    """Where a group fits an attention kernel's shape terms, the range its cases span (the
+    most key blocks per query block, the widest head), past which the terms are held flat."""
+    for where, _ in params:
+        if where[:2] == ("gemm", "attention_tile_overhead"):
+            cal["gemm"].setdefault("attention_longest", {})[where[2]] = max(
+                key_blocks_per_query_block(op.attention) for c in cases
+                for op in case_ops(c, device) if op.attention is not None)
+        if where[:2] == ("gemm", "attention_softmax_width"):
+            cal["gemm"].setdefault("attention_widest", {})[where[2]] = max(
+                c["head_dim"] for c in cases if "head_dim" in c)
 
 
 def _load_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
@@ -236,14 +244,7 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
         if name == "memory" and not device.is_gpu:
             cal = _fit_cache_regime(cal, params, group_cases, device)
         else:
-            for where, _ in params:
-                if where[:2] == ("gemm", "attention_tile_overhead"):
-                    longest = cal["gemm"].setdefault("attention_longest", {})
-                    longest[where[2]] = _longest_key_blocks(group_cases, device)
-                if where[:2] == ("gemm", "attention_softmax_width"):
-                    widest = cal["gemm"].setdefault("attention_widest", {})
-                    widest[where[2]] = max(c["head_dim"] for c in group_cases
-                                           if "head_dim" in c)
+            _record_attention_ranges(cal, params, group_cases, device)
             _fit_group(cal, params, group_cases, device)
         fitted = {".".join(p): _get(cal, p) for p, _ in params if _has(cal, p)}
         if name == "memory" and cal["memory"].get("cache_mib"):
@@ -371,18 +372,10 @@ def _auto_attention(cal: dict[str, Any], data: dict[str, Any], fits: list[GroupF
     fitted = cal["gemm"].get("attention_kernels", {}).get(SDPA_KERNELS.get(backend, ""))
     if not fitted:
         return ""
-    overhead = cal["gemm"].get("attention_tile_overhead", {})
-    if SDPA_KERNELS[backend] in overhead:
-        overhead["auto"] = overhead[SDPA_KERNELS[backend]]
-    longest = cal["gemm"].get("attention_longest", {})
-    if SDPA_KERNELS[backend] in longest:
-        longest["auto"] = longest[SDPA_KERNELS[backend]]
-    widest = cal["gemm"].get("attention_widest", {})
-    if SDPA_KERNELS[backend] in widest:
-        widest["auto"] = widest[SDPA_KERNELS[backend]]
-    width = cal["gemm"].get("attention_softmax_width", {})
-    if SDPA_KERNELS[backend] in width:
-        width["auto"] = width[SDPA_KERNELS[backend]]
+    for term in ATTENTION_SHAPE_TERMS:
+        per_kernel = cal["gemm"].get(term, {})
+        if SDPA_KERNELS[backend] in per_kernel:
+            per_kernel["auto"] = per_kernel[SDPA_KERNELS[backend]]
     if "forward" in fitted:
         cal["gemm"]["attention_factor"] = fitted["forward"]
     if "backward" in fitted:

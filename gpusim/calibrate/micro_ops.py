@@ -24,6 +24,7 @@ from gpusim.cost.kernels import (
 from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.catalog import catalog, host_link
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
+from gpusim.plan.autocast import cast_op, input_elements
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.optimizer_step import OPTIMIZER_PASSES, pass_ops
 from gpusim.validate.compare import LayerTiming, isolated_layer_times
@@ -184,13 +185,10 @@ def _autocast_casts(layer: Conv2d, batch: int, num: Numerics, backward: bool) ->
     module (measure.micro.time_conv): the input's and the weight's casts down to the
     compute type, or in backward their gradients' casts back up to fp32 (as
     plan.lower costs them in training)."""
-    fp32, low = DTYPE_BYTES["fp32"], num.act_bytes
-    elements = {"input": batch * layer.in_channels * layer.height * layer.width,
-                "weight": layer.params}
+    elements = {"input": batch * input_elements(layer), "weight": layer.params}
     suffix = "_grad" if backward else ""
-    return [Op(f"{layer.name}.cast_{what}{suffix}", "memory", 0.0, e * (fp32 + low), "fp32",
-               layer.name, alloc_bytes=e * (fp32 if backward else low))
-            for what, e in elements.items()]
+    return [cast_op(f"{layer.name}.cast_{what}{suffix}", layer.name, e, num.act_bytes,
+                    to_fp32=backward) for what, e in elements.items()]
 
 
 def _optimizer_step(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> float:

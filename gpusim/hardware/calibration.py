@@ -12,9 +12,10 @@ until ``gpusim calibrate`` replaces it with one ``fitted`` on named microbenchma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -254,27 +255,36 @@ class Calibration(Frozen):
     def attention_overhead(self, kernel: str) -> float:
         """Key blocks of fixed work per query block: the named kernel's where fitted, else
         the default kernel's (auto), else none."""
-        found = self.gemm.attention_tile_overhead
-        return found.get(kernel or "auto", found.get("auto", 0.0))
-
-    def attention_longest(self, kernel: str) -> float | None:
-        """Key blocks per query block past which the overhead's curve is held flat."""
-        found = self.gemm.attention_longest
-        return found.get(kernel or "auto", found.get("auto"))
-
-    def attention_widest(self, kernel: str) -> int | None:
-        """The head dimension past which the softmax's term is held flat."""
-        found = self.gemm.attention_widest
-        return found.get(kernel or "auto", found.get("auto"))
+        return _for_kernel(self.gemm.attention_tile_overhead, kernel) or 0.0
 
     def attention_width(self, kernel: str) -> float:
         """The softmax's head-dimension units per score block, as attention_overhead."""
-        found = self.gemm.attention_softmax_width
-        return found.get(kernel or "auto", found.get("auto", 0.0))
+        return _for_kernel(self.gemm.attention_softmax_width, kernel) or 0.0
+
+    def attention_longest(self, kernel: str) -> float | None:
+        """Key blocks per query block past which the overhead's curve is held flat."""
+        return _for_kernel(self.gemm.attention_longest, kernel)
+
+    def attention_widest(self, kernel: str) -> int | None:
+        """The head dimension past which the softmax's term is held flat."""
+        return _for_kernel(self.gemm.attention_widest, kernel)
 
     def gemm_efficiency(self, math: str) -> float:
         """Max efficiency for ``math``; precisions the file omits use its fp32 entry."""
         return self.gemm.max_efficiency.get(math, self.gemm.max_efficiency.get("fp32", 0.7))
+
+
+T = TypeVar("T")
+
+# GemmCalibration's per-kernel shape terms of fused attention, each keyed by kernel name
+# ("auto": the architecture's default kernel).
+ATTENTION_SHAPE_TERMS = ("attention_tile_overhead", "attention_softmax_width",
+                         "attention_longest", "attention_widest")
+
+
+def _for_kernel(found: Mapping[str, T], kernel: str) -> T | None:
+    """A per-kernel term: the named kernel's, else the default kernel's, else none."""
+    return found.get(kernel or "auto", found.get("auto"))
 
 
 def load_calibration_file(path: str | Path) -> Calibration:

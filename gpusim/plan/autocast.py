@@ -24,6 +24,7 @@ from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
 from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
+from gpusim.workload.ops import DTYPE_BYTES, Op
 
 FP32_LIST = frozenset({"layer_norm", "rms_norm", "softmax"})
 
@@ -48,6 +49,15 @@ def casts_weight(layer: Layer, job: TrainingJob) -> bool:
     embeddings keep fp32 weights, and frozen weights are held in the compute type already."""
     return (autocasts(job) and layer.params > 0 and isinstance(layer, (Linear, Conv2d))
             and job.is_trainable(layer.name))
+
+
+def cast_op(name: str, layer: str, elements: float, low_bytes: int, to_fp32: bool,
+            flops: float = 0.0) -> Op:
+    """Autocast's cast of ``elements`` from fp32 down to the compute type (``to_fp32``: of a
+    gradient back up): one read, one write, the result newly allocated."""
+    fp32 = DTYPE_BYTES["fp32"]
+    return Op(name, "memory", flops, elements * (fp32 + low_bytes), "fp32", layer,
+              alloc_bytes=elements * (fp32 if to_fp32 else low_bytes))
 
 
 def input_elements(layer: Layer) -> int:

@@ -27,6 +27,7 @@ from gpusim.hardware.catalog import host_link
 from gpusim.hardware.profile import GPUProfile, LinkProfile
 from gpusim.plan.autocast import (
     LayerPrecision,
+    cast_op,
     casts_weight,
     input_elements,
     layer_precisions,
@@ -51,7 +52,7 @@ from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
 from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
-from gpusim.workload.ops import DTYPE_BYTES, Op, Phase, memory_op
+from gpusim.workload.ops import Op, Phase, memory_op
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +109,9 @@ def _input_cast(layer: Layer, job: TrainingJob, num: Numerics, backward: bool) -
     """Autocast's cast of an fp32 input down to the compute type (in backward, of the
     input's gradient back up to fp32)."""
     e = job.microbatch_size * input_elements(layer)
-    fp32, low = DTYPE_BYTES["fp32"], num.act_bytes
-    moved = e * (fp32 + low)
-    # memory_op's FLOPs (one an element written), with the bytes and allocation its own
-    return [Op(f"{layer.name}.cast_input{'_grad' if backward else ''}", "memory", 1.0 * e,
-               moved, "fp32", layer.name, alloc_bytes=e * (fp32 if backward else low))]
+    # memory_op's FLOPs (one an element written)
+    return [cast_op(f"{layer.name}.cast_input{'_grad' if backward else ''}", layer.name, e,
+                    num.act_bytes, to_fp32=backward, flops=1.0 * e)]
 
 
 def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
@@ -121,9 +120,8 @@ def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
     ops = _input_cast(layer, job, num, backward=False) if prec.casts_input else []
     if weight_cast:
         # Read the fp32 weight, write its copy in the compute type (no FLOPs).
-        ops.append(Op(f"{layer.name}.cast_weight", "memory", 0,
-                      layer.params * (DTYPE_BYTES["fp32"] + num.act_bytes), "fp32", layer.name,
-                      alloc_bytes=layer.params * num.act_bytes))
+        ops.append(cast_op(f"{layer.name}.cast_weight", layer.name, layer.params,
+                           num.act_bytes, to_fp32=False))
     ops += _dequantize(layer, job, num)
     if isinstance(layer, CrossEntropy) and job.master_weights and not layer.fused:
         ops += layer.vocab_parallel_forward(job.microbatch_size, num)
@@ -156,9 +154,8 @@ def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics,
     """The weight gradient, then (under autocast) its cast back to an fp32 gradient."""
     ops = layer.backward_weight(job.microbatch_size, num)
     if weight_cast:
-        moved = layer.params * (num.act_bytes + DTYPE_BYTES["fp32"])
-        ops.append(Op(f"{layer.name}.cast_grad", "memory", 0.0, moved, "fp32", layer.name,
-                      alloc_bytes=layer.params * DTYPE_BYTES["fp32"]))
+        ops.append(cast_op(f"{layer.name}.cast_grad", layer.name, layer.params,
+                           num.act_bytes, to_fp32=True))
     return ops
 
 
