@@ -58,7 +58,7 @@ class OutOfMemory(GpusimError):
     def __init__(self, message: str, *, required_bytes: float, available_bytes: float,
                  peak_bytes: float, advise: Callable[[bool], str] | None = None) -> None:
         super().__init__(message)
-        self.required_bytes = required_bytes  # peak plus what the framework reserves
+        self.required_bytes = required_bytes  # peak, what the allocator strands, the context
         self.available_bytes = available_bytes
         self.peak_bytes = peak_bytes  # allocated peak, as a job that fits reports it
         self._advise = advise

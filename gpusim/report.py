@@ -41,6 +41,9 @@ class StepResult(BaseModel):
     parallel: str | None = Field(None, description="the split, for multi-GPU jobs")
     peak_reserved_bytes: float | None = Field(
         None, description="the caching allocator's reserved peak (max_memory_reserved)")
+    memory_free_bytes: float | None = Field(
+        None, description="what the device has left at the peak: what its driver gives a "
+                          "process less what the job needs (allocated, stranded, context)")
 
     @property
     def samples_per_s(self) -> float:
@@ -128,6 +131,7 @@ class TrainingEstimate(BaseModel):
             "peak_memory_bytes": s.peak_memory_bytes,
             "peak_memory_per_gpu_bytes": s.peak_memory_bytes,
             "peak_reserved_bytes": s.peak_reserved_bytes,
+            "memory_free_bytes": s.memory_free_bytes,
             "memory_breakdown_bytes": s.memory_breakdown_bytes,
             "mfu": s.mfu,
             "model_flops_per_step": s.model_flops_per_step,

@@ -151,7 +151,10 @@ EXPECTED_ESTIMATES: dict[str, tuple[float, float, float]] = {
 }
 
 # re-recorded (2026-11-24): FSDP2 copies each unit's gathered weights into its parameters
-# (ZeRO-3 rows 0.5-1.8% slower); the A100 search keeps its best nine, the tenth changes
+# (ZeRO-3 rows 0.5-1.8% slower); the A100 search keeps its best nine, the tenth changes.
+# re-recorded (2026-11-24): a job fits against what the driver gives a process less what the
+# allocator strands (2.2% of the peak), not 95% of the card: on 80 GB A100s a ZeRO-1 plan
+# at 76.2 GiB now fits and leads (tied with ZeRO-2); the rest keep their order
 EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
     "gpt2-medium-h100x16": {
         "counts": (2240, 560, 0, 1680),
@@ -183,33 +186,33 @@ EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
         "rejected": "e3b0c44298fc1c14",
     },
     "llama3-8b-a100x32": {
-        "counts": (2948, 656, 1127, 1165),
+        "counts": (2948, 656, 1112, 1180),
         "best": [
-            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-2, sequence parallel, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-1, sequence parallel, recompute none',
+             8.180687028135223, False, 81855605760.0, 0.674813814834569),
+            ('TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-2, sequence parallel, recompute none',
              8.180687028135223, False, 66798366720.0, 0.674813814834569),
-            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, sequence parallel, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, sequence parallel, recompute none',
              8.25975207175011, False, 33473688064.0, 0.6683542766743008),
-            ("TP 1 x PP 1 x DP 32, microbatch 1, ZeRO-3, recompute none",
+            ('TP 1 x PP 1 x DP 32, microbatch 1, ZeRO-3, recompute none',
              8.31221461508528, True, 66122377216.0, 0.6641359585933845),
-            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-3, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-3, recompute none',
              8.331753739049182, False, 69569933824.0, 0.6625784671899814),
-            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-1, sequence parallel, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-1, sequence parallel, recompute none',
              8.337931058416777, False, 54483512320.0, 0.6620875829683143),
-            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-2, sequence parallel, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-2, sequence parallel, recompute none',
              8.337931058416777, False, 39426273280.0, 0.6620875829683143),
-            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-3, sequence parallel, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-3, sequence parallel, recompute none',
              8.345259846841653, True, 60845781504.0, 0.6615061391423142),
-            ("TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-2, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 2, ZeRO-2, recompute none',
              8.409932725715848, False, 75522519040.0, 0.6564191179012917),
-            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, recompute none",
+            ('TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-3, recompute none',
              8.487572169330752, False, 37835764224.0, 0.650414572187242),
-            ("TP 2 x PP 1 x DP 16, microbatch 1, ZeRO-1, recompute none",
-             8.565751155997418, False, 58845588480.0, 0.644478285778638),
         ],
-        "order": "7d34ca155e6339c4",
-        "step_sums": (8765.821361139837, 3342375.38229507),
-        "peak_sums": (34765614985216.0, 1.1702911849683968e+16),
-        "rejected": "e0481a428746c06b",
+        "order": "ad3cb1134b0211cf",
+        "step_sums": (8750.08738956861, 3335967.418802753),
+        "peak_sums": (35116786487296.0, 1.1822260769232384e+16),
+        "rejected": "5dabe44a9986148c",
     },
 }
 

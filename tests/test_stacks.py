@@ -220,8 +220,10 @@ def test_the_stack_is_named_in_the_assumptions() -> None:
 # is 10% on every case, which that case misses. One run that trained is predicted to need
 # 0.01 GiB more than the 95% of the card gpusim lets a job use (GPT-2 XL under DDP on 40 GB
 # A100s: predicted within 1% of its measured peak); the target is that none is
-# refused, which it misses too. Five LitGPT figures are excluded in the data file, with the
-# reason: they match loading the checkpoint, not training.
+# refused, which it misses too (met 2026-11-24: a job fits against the driver's total less
+# what the allocator strands, from published OOM messages). Five LitGPT figures are
+# excluded in the data file, with the reason: they match loading the checkpoint, not
+# training.
 # With torch.compile modelled (2026-11-23): 32 cases, mean 4.4%. Two torchtune runs that
 # chunk the loss under torch.compile were predicted 8% and 20% high, about 5 GB each. Once
 # a fused (compiled) loss's logits were no longer counted a second time as the head's
@@ -271,7 +273,6 @@ PHI_LORA_MAX_ERROR = 0.22
 # optimizer): 0.6 GiB low (-13%), the same run without offload 7% low
 CPU_OFFLOAD = {"torchao_optim_vit_g14_dinov2_1gpu_bf16_ac_ao_cpu_offload_optimizer"}
 CPU_OFFLOAD_MAX_ERROR = 0.14
-REFUSED_THOUGH_TRAINED = {"colossalai_pl_gpt2xl_ddp_amp_fp16_4xa100_40gb_mb6"}
 
 
 def _fp8_or_cp(job: object) -> bool:
@@ -307,7 +308,9 @@ def test_published_peak_memories_within_budget_and_never_refused() -> None:
     assert max(errors[i] for i in CPU_OFFLOAD) <= CPU_OFFLOAD_MAX_ERROR
     assert max(errors[i] for i in COMPILED_CHUNKED_LOSS) <= COMPILED_CHUNKED_LOSS_MAX_ERROR
     # each trained, so none may be refused (but the one named above, by a hair)
-    assert {c.id for c in everything if not c.fits()} <= REFUSED_THOUGH_TRAINED
+    # every run that trained fits (since 2026-11-24, when a job fits against what the
+    # driver gives a process less what the allocator strands, not 95% of the card)
+    assert not [c.id for c in everything if not c.fits()]
 
 
 def test_megatron_formulas_agree_where_the_same_things_are_counted() -> None:

@@ -39,9 +39,10 @@ from gpusim.hardware.profile import DeviceProfile
 from gpusim.workload.model import Model
 
 METRICS = ("step_time_s", "samples_per_s", "tokens_per_s", "time_to_train_s", "cost_usd",
-           "energy_kwh", "peak_memory_bytes", "mfu", "fits", "error")
+           "energy_kwh", "peak_memory_bytes", "memory_free_bytes", "mfu", "fits", "error")
 """The columns every point gets after its varied values; ``fits`` and ``error`` say whether
-it ran. A point out of memory keeps the memory it would need in ``peak_memory_bytes``."""
+it ran. A point out of memory keeps the memory it would need in ``peak_memory_bytes``, and
+how much it is short by as a negative ``memory_free_bytes``."""
 
 Executor = Literal["local", "dask", "ray"]
 Progress = Callable[[int, int], None]
@@ -151,14 +152,17 @@ def run_point(settings: dict[str, Any]) -> dict[str, Any]:
             raise InvalidConfig("gpu.FIELD values need a --gpu to change")
         result = estimate(**kwargs)
     except OutOfMemory as exc:
-        return _failed(exc, exc.peak_bytes)  # the same measure as points that fit
+        row = _failed(exc, exc.peak_bytes)  # the same measure as points that fit
+        row["memory_free_bytes"] = exc.available_bytes - exc.required_bytes
+        return row
     except GpusimError as exc:
         return _failed(exc, None)
     step = result.step
     return {"step_time_s": step.step_time_s, "samples_per_s": step.samples_per_s,
             "tokens_per_s": step.tokens_per_s, "time_to_train_s": result.time_to_train_s,
             "cost_usd": result.cost_usd, "energy_kwh": result.energy_kwh,
-            "peak_memory_bytes": step.peak_memory_bytes, "mfu": step.mfu, "fits": True,
+            "peak_memory_bytes": step.peak_memory_bytes,
+            "memory_free_bytes": step.memory_free_bytes, "mfu": step.mfu, "fits": True,
             "error": None}
 
 

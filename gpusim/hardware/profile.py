@@ -25,6 +25,7 @@ PRECISIONS: tuple[Precision, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegative = Annotated[float, Field(ge=0)]
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
 _DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 
@@ -199,6 +200,11 @@ class DeviceProfile(Profile):
         return units.gib(self.memory_gib)
 
     @property
+    def usable_memory_bytes(self) -> float:
+        """What a process can allocate of ``memory_bytes`` (all of it on a CPU)."""
+        return self.memory_bytes
+
+    @property
     def memory_bandwidth(self) -> float:
         """Peak memory bandwidth, bytes/s."""
         return units.gb_s(self.memory_bandwidth_gb_s)
@@ -278,10 +284,21 @@ class GPUProfile(DeviceProfile):
         None, description="total NVLink/Infinity Fabric bandwidth per GPU, both directions"
     )
     nvlink_generation: Annotated[int, Field(ge=1, le=6)] | None = None
+    driver_reserved_mib: NonNegative | None = Field(
+        None, description="of memory_gib, what no process can allocate (the driver's, ECC's "
+                          "and firmware's reserve): memory_gib less what "
+                          "torch.cuda.get_device_properties().total_memory reports, MiB; "
+                          "none: not known, taken as 0")
 
     @property
     def is_gpu(self) -> bool:
         return True
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What a process can allocate: torch.cuda.get_device_properties().total_memory
+        (nothing when a what-if memory_gib is below the reserve)."""
+        return max(0.0, self.memory_bytes - units.mib(self.driver_reserved_mib or 0.0))
 
     @property
     def l2_bytes(self) -> float:

@@ -78,10 +78,13 @@ class MemoryReport:
         if gpu:
             lines.append(f"  peak reserved    {units.human_bytes(plan.reserved_bytes):>12}  "
                          f"(the caching allocator's, max_memory_reserved)")
+        device = job.topology.gpu if isinstance(job, ParallelJob) else job.device
         lines += [(f"  needed           {units.human_bytes(plan.required_bytes):>12}  "
-                   + ("(allocated + CUDA context and framework)" if gpu else "")).rstrip(),
+                   + ("(allocated + what the allocator strands + CUDA context and framework)"
+                      if gpu else "")).rstrip(),
                   f"  usable           {units.human_bytes(plan.usable_bytes):>12}  of "
-                  f"{units.human_bytes(plan.capacity)}",
+                  f"{units.human_bytes(device.memory_bytes)}"
+                  + ("  (what the driver gives a process)" if gpu else ""),
                   "", "  at the peak"]
         for key, value in plan.breakdown().items():
             if value:

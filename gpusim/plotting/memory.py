@@ -14,13 +14,13 @@ from matplotlib.figure import Figure
 from gpusim import units
 from gpusim.hardware.catalog import load_device
 from gpusim.hardware.profile import DeviceProfile
-from gpusim.plan.memory import ALLOCATOR_SLACK
 from gpusim.report import TrainingEstimate
 
 MEMORY_COLORS = {
     "weights": "#4C72B0", "gradients": "#DD8452", "optimizer_states": "#55A868",
     "weight_copies": "#8172B3", "activations": "#C44E52", "transient": "#937860",
-    "library_workspaces": "#CCB974", "framework_reserved": "#8C8C8C",
+    "library_workspaces": "#CCB974", "allocator_stranded": "#B0B0B0",
+    "framework_reserved": "#8C8C8C",
 }
 NEAR_FULL = 0.8  # above this share of the usable memory, a bar's label goes above its line
 
@@ -34,8 +34,8 @@ def _bar_label(result: TrainingEstimate) -> str:
 def memory_figure(results: TrainingEstimate | Sequence[TrainingEstimate],
                   devices: Sequence[DeviceProfile] | None = None) -> Figure:
     """A stacked bar (GiB, per GPU: the fullest pipeline stage of a multi-GPU job) of each
-    estimate's memory at its peak, with a line at the memory its device can use (capacity
-    less the allocator's slack). ``devices`` match ``results`` one to one; by default each
+    estimate's memory at its peak, with a line at the memory its device can use (what its driver
+    gives a process). ``devices`` match ``results`` one to one; by default each
     is looked up in the catalog by its name."""
     results = [results] if isinstance(results, TrainingEstimate) else list(results)
     if devices is None:
@@ -51,9 +51,9 @@ def memory_figure(results: TrainingEstimate | Sequence[TrainingEstimate],
             ax.bar(xs, gib, 0.6, bottom=bottoms, label=key.replace("_", " "),
                    color=MEMORY_COLORS.get(key, "#BBBBBB"))
             bottoms = [b + g for b, g in zip(bottoms, gib, strict=True)]
-    usable = [units.to_gib(d.memory_bytes * (1 - ALLOCATOR_SLACK)) for d in devices]
+    usable = [units.to_gib(d.usable_memory_bytes) for d in devices]
     ax.hlines(usable, [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="black",
-              linestyles="--", label=f"usable memory (capacity less {ALLOCATOR_SLACK:.0%})")
+              linestyles="--", label="usable memory (what the driver gives a process)")
     for x, total, limit in zip(xs, bottoms, usable, strict=True):
         # A bar near its limit has its label above the limit's line, not struck through by it.
         top = limit if total > NEAR_FULL * limit else total

@@ -1,0 +1,67 @@
+"""Whether a job fits: against what the driver gives a process (a little less than the
+datasheet's capacity), less what the caching allocator strands in fragments when memory runs
+short (issue 14)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import yaml
+
+from gpusim.data import data_dir
+from gpusim.errors import OutOfMemory
+from gpusim.estimation import build_job, estimate
+from gpusim.explore.values import with_fields
+from gpusim.hardware.catalog import load_gpu
+from gpusim.plan.memory import STRANDED_AT_OOM, memory_plan
+from gpusim.plan.memory_report import memory_report
+
+OOM_MESSAGES = data_dir("measurements") / "published" / "oom_fragmentation.yaml"
+
+
+def _stranded_ratios() -> list[float]:
+    """reserved-but-unallocated over allocated, in the training runs' OOM messages that
+    state both (PyTorch 2.1's wording) and are not excluded in the file."""
+    messages = yaml.safe_load(OOM_MESSAGES.read_text())["messages"]
+    return [m["reserved_unallocated_gib"] / m["allocated_by_pytorch_gib"] for m in messages
+            if m["format"] == "torch>=2.1" and str(m["workload"]).startswith("training")
+            and "excluded" not in m]
+
+
+def test_the_stranded_fraction_is_the_median_of_the_published_oom_messages() -> None:
+    ratios = _stranded_ratios()
+    assert len(ratios) >= 20
+    assert pytest.approx(statistics.median(ratios), abs=5e-4) == STRANDED_AT_OOM
+
+
+def test_a_job_needs_its_peak_what_is_stranded_and_the_context() -> None:
+    job, _ = build_job("gpt2", "h100-sxm", 8, precision="bf16")
+    plan = memory_plan(job)
+    assert plan.stranded_bytes == pytest.approx(STRANDED_AT_OOM * plan.peak_bytes)
+    assert plan.required_bytes == pytest.approx(
+        plan.peak_bytes + plan.stranded_bytes + plan.framework_reserved)
+    assert sum(plan.breakdown().values()) == pytest.approx(plan.required_bytes)
+    assert plan.usable_bytes == load_gpu("h100-sxm").usable_memory_bytes
+
+
+def test_the_driver_reserve_lowers_what_a_process_can_use() -> None:
+    h100 = load_gpu("h100-sxm")
+    more = with_fields(h100, {"driver_reserved_mib": (h100.driver_reserved_mib or 0) + 1024})
+    assert h100.usable_memory_bytes - more.usable_memory_bytes == 2**30
+    job, _ = build_job("gpt2", more, 8, precision="bf16")
+    assert memory_plan(job).usable_bytes == more.usable_memory_bytes
+
+
+def test_a_what_if_memory_below_the_driver_reserve_leaves_nothing_usable() -> None:
+    small = with_fields(load_gpu("h100-sxm"), {"memory_gib": 0.5})
+    assert small.usable_memory_bytes == 0.0
+    with pytest.raises(OutOfMemory, match="0 B usable"):
+        estimate("mnist-mlp", small, 32, precision="bf16", loader_workers=0)
+
+
+def test_the_memory_report_names_what_the_driver_gives() -> None:
+    job, _ = build_job("gpt2", "h100-sxm", 8, precision="bf16")
+    text = memory_report(job).summary()
+    assert "what the driver gives a process" in text
+    assert "allocator stranded" in text
