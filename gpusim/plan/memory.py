@@ -41,6 +41,9 @@ FRAMEWORK_RESERVED_BYTES = units.gib(0.75)
 # oom_fragmentation.yaml; quartiles 0.6% and 5.8%, a few runs strand far more);
 # tests/test_memory_fit.py recomputes it from that file.
 STRANDED_AT_OOM = 0.022
+# The upper quartile of the same: a job that fits with the median but not with this is
+# "tight", and fits or not by how its tensors fragment.
+STRANDED_UPPER_QUARTILE = 0.058
 # What PyTorch's caching allocator reserves beyond the peak it hands out (fragmentation and
 # cached blocks), as a fraction of that peak: the median of max_memory_reserved /
 # max_memory_allocated - 1 over the project's own runs of at least 1 GiB (measurements/
@@ -169,6 +172,12 @@ class MemoryPlan:
     @property
     def fits(self) -> bool:
         return self.required_bytes <= self.usable_bytes
+
+    @property
+    def tight(self) -> bool:
+        """Fits with the median stranded share but not with its upper quartile."""
+        worse = self.peak_bytes * STRANDED_UPPER_QUARTILE if self.allocator_stranded else 0.0
+        return self.fits and self.peak_bytes + worse + self.framework_reserved > self.usable_bytes
 
     def breakdown(self) -> dict[str, float]:
         """The parts alive at the peak (they sum to ``required_bytes``)."""

@@ -53,7 +53,7 @@ class MemoryReport:
             "parallel": self.job.parallel.describe() if isinstance(self.job, ParallelJob)
             else None,
             "microbatch_size": self.microbatch, "recompute": self.job.checkpointing,
-            "fits": plan.fits, "peak_allocated_bytes": plan.peak_bytes,
+            "fits": plan.fits, "tight": plan.tight, "peak_allocated_bytes": plan.peak_bytes,
             "peak_reserved_bytes": plan.reserved_bytes, "required_bytes": plan.required_bytes,
             "usable_bytes": plan.usable_bytes, "capacity_bytes": plan.capacity,
             "breakdown_bytes": plan.breakdown(),
@@ -69,7 +69,10 @@ class MemoryReport:
         where = (f"{job.topology.num_gpus} x {self.device} ({job.parallel.describe()})"
                  if isinstance(job, ParallelJob) else f"{self.device}, microbatch "
                  f"{self.microbatch}")
-        verdict = "fits" if plan.fits else "does NOT fit"
+        verdict = ("fits, tightly: a run whose tensors fragment more than most (the upper "
+                   "quartile of published out-of-memory errors) would not; "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fragments less"
+                   if plan.tight else "fits" if plan.fits else "does NOT fit")
         gpu = (job.topology.gpu if isinstance(job, ParallelJob) else job.device).is_gpu
         lines = [f"{job.model.name} on {where}, recompute {job.checkpointing}: {verdict}",
                  "",
