@@ -168,6 +168,8 @@ class TrainingEstimate(BaseModel):
             + (" per GPU" if self.num_gpus > 1 else "") + " allocated"
             + (f", {units.human_bytes(s.peak_reserved_bytes)} reserved"
                if s.peak_reserved_bytes else "")
+            + (f", {units.human_bytes(s.memory_free_bytes)} free"
+               if s.memory_free_bytes is not None and self.device_is_gpu else "")
             + " (gpusim memory: its parts)",
             f"  MFU              {100 * s.mfu:>13.1f} % of {s.peak_flops / 1e12:,.4g} TFLOP/s "
             "peak" + (" per GPU" if self.num_gpus > 1 else ""),
