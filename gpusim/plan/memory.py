@@ -174,10 +174,15 @@ class MemoryPlan:
         return self.required_bytes <= self.usable_bytes
 
     @property
+    def free_bytes(self) -> float:
+        """What the device has left at the peak (negative: what the job is short by)."""
+        return self.usable_bytes - self.required_bytes
+
+    @property
     def tight(self) -> bool:
         """Fits with the median stranded share but not with its upper quartile."""
-        worse = self.peak_bytes * STRANDED_UPPER_QUARTILE if self.allocator_stranded else 0.0
-        return self.fits and self.peak_bytes + worse + self.framework_reserved > self.usable_bytes
+        more = STRANDED_UPPER_QUARTILE - STRANDED_AT_OOM if self.allocator_stranded else 0.0
+        return 0 <= self.free_bytes < self.peak_bytes * more
 
     def breakdown(self) -> dict[str, float]:
         """The parts alive at the peak (they sum to ``required_bytes``)."""

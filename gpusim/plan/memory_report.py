@@ -73,7 +73,8 @@ class MemoryReport:
                    "quartile of published out-of-memory errors) would not; "
                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fragments less"
                    if plan.tight else "fits" if plan.fits else "does NOT fit")
-        gpu = (job.topology.gpu if isinstance(job, ParallelJob) else job.device).is_gpu
+        device = job.topology.gpu if isinstance(job, ParallelJob) else job.device
+        gpu = device.is_gpu
         lines = [f"{job.model.name} on {where}, recompute {job.checkpointing}: {verdict}",
                  "",
                  f"  peak allocated   {units.human_bytes(plan.peak_bytes):>12}  "
@@ -81,7 +82,6 @@ class MemoryReport:
         if gpu:
             lines.append(f"  peak reserved    {units.human_bytes(plan.reserved_bytes):>12}  "
                          f"(the caching allocator's, max_memory_reserved)")
-        device = job.topology.gpu if isinstance(job, ParallelJob) else job.device
         lines += [(f"  needed           {units.human_bytes(plan.required_bytes):>12}  "
                    + ("(allocated + what the allocator strands + CUDA context and framework)"
                       if gpu else "")).rstrip(),

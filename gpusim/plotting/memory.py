@@ -34,9 +34,9 @@ def _bar_label(result: TrainingEstimate) -> str:
 def memory_figure(results: TrainingEstimate | Sequence[TrainingEstimate],
                   devices: Sequence[DeviceProfile] | None = None) -> Figure:
     """A stacked bar (GiB, per GPU: the fullest pipeline stage of a multi-GPU job) of each
-    estimate's memory at its peak, with a line at the memory its device can use (what its driver
-    gives a process). ``devices`` match ``results`` one to one; by default each
-    is looked up in the catalog by its name."""
+    estimate's memory at its peak, with a line at the memory its device can use (what its
+    driver gives a process). ``devices`` match ``results`` one to one; by default each is
+    looked up in the catalog by its name."""
     results = [results] if isinstance(results, TrainingEstimate) else list(results)
     if devices is None:
         devices = [load_device(r.device) for r in results]
