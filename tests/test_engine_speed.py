@@ -19,22 +19,23 @@ from gpusim.sim.engine import SimResult, simulate
 # model, device, batch, options: the step, its breakdown and the trace's length, as one
 # process step per kernel computed them before issue 21 (the H100 rows re-recorded when the
 # hopper fit gained long_k_slope: host-bound steps, their totals unchanged; and again when
-# it took small products' device figures from CUDA-graph replays alone)
+# it took small products' device figures from CUDA-graph replays alone, and on 2026-11-24
+# when it gained the exposed share of a product's result write, epilogue_exposed)
 PINNED: list[tuple[str, str, int, dict[str, Any], float, dict[str, float], int]] = [
     ("resnet50", "a100-80gb", 256, {"precision": "bf16"}, 0.10749687770447398,
      {"forward": 0.042509230286512954, "backward": 0.06238118359868144, "recompute": 0.0,
       "optimizer": 0.0011080250832959059, "input_pipeline": 0.0014881109359836941,
       "host_dispatch": 1.0327799999987342e-05, "gpu_idle": 0.0}, 2555),
-    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.031022510280841718,  # host-bound
-     {"forward": 0.0009682972429711055, "backward": 0.0013476659930373952, "recompute": 0.0,
+    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.031016440280841304,  # host-bound
+     {"forward": 0.0009608592811331406, "backward": 0.0013329490474349366, "recompute": 0.0,
       "optimizer": 0.0006502336830321628, "input_pipeline": 0.0,
-      "host_dispatch": 0.028056313361801054, "gpu_idle": 0.0}, 2555),
+      "host_dispatch": 0.028072398269241065, "gpu_idle": 0.0}, 2555),
     ("gpt2", "h100-sxm", 8,
      {"precision": "bf16", "seq_len": 1024, "grad_accum": 4, "loader_workers": 4},
-     0.13412775816368713,
-     {"forward": 0.01450063535219478, "backward": 0.028620828240200853, "recompute": 0.0,
+     0.13414539816368362,
+     {"forward": 0.014695238958940307, "backward": 0.028952035917260508, "recompute": 0.0,
       "optimizer": 0.003081522269147718, "input_pipeline": 0.0,
-      "host_dispatch": 0.08792477230214378, "gpu_idle": 0.0}, 4371),
+      "host_dispatch": 0.0874166010183351, "gpu_idle": 0.0}, 4371),
     ("mnist-mlp", "xeon6-2vcpu", 64, {"precision": "fp32"}, 0.0021805339601938655,  # a CPU
      {"forward": 0.0003329626009560567, "backward": 0.00048326517873158474,
       "recompute": 0.0, "optimizer": 0.0011813279205062238, "input_pipeline": 0.0,

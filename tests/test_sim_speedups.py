@@ -4,7 +4,8 @@ The figures below were recorded from the simulator before it was made faster (on
 process per transfer and collective), and re-recorded where the model itself changed:
 per-rank runs, stragglers, links shared by pipeline and data-parallel traffic, ZeRO-3 with
 hybrid sharding and offload, gradients reduced after the backward pass, and the host
-figures of the hopper fit (which A100s borrow) when its GEMM host cost was fitted apart.
+figures of the hopper fit (which A100s borrow) when its GEMM host cost was fitted apart, and
+again (2026-11-24, steps by about 1e-4) when that fit gained a product's exposed write.
 Each pins the step, busy fraction, critical unit, breakdown and trace (its records as a set:
 the order of records that end at the same instant on different tracks is not part of it).
 """
@@ -64,68 +65,68 @@ EXPECTED: dict[str, tuple[float, float, tuple[int, int], int, str, tuple[float, 
     # gradients (ChunkPlan.grad_ready) instead of filling evenly through backward: the
     # embedding's, last in backward, is reduced last; FSDP reduce-scatters a block at a time
     "pp2-dp32-shared-nic-per-rank": (
-        0.044911688183443634, 0.5067314794090884, (0, 0), 1344, "19754d241727e0ba",
-        (30.36459476530395, 32.75053966388958),
+        0.044916294779089226, 0.5067468188488102, (0, 0), 1344, "19754d241727e0ba",
+        (30.368765877021314, 32.75490426666761),
         {'forward': 0.0017909162382941726,
          'backward': 0.003635357937517885,
-         'pipeline_bubble': 0.010950649622778207,
-         'pipeline_comm': 0.009640195822222227,
+         'pipeline_bubble': 0.010952376218423798,
+         'pipeline_comm': 0.00964019582222222,
          'data_parallel_comm': 0.0018505851463111109,
          'comm_slowdown': 0.00048556596479999974,
-         'host_dispatch': 0.014307132140716971,
+         'host_dispatch': 0.01431001214071698,
          'optimizer': 0.0022512853108030612}),
     "tp2-dp4-zero3-node-links-straggler": (
-        0.20733960449784344, 0.8586138797817886, (0, 2), 456, "9fbd9bbb9fea7798",
-        (48.093296996937006, 48.95743942923954),
+        0.20736336449784354, 0.8586300800118746, (0, 2), 456, "9fbd9bbb9fea7798",
+        (48.09882033913786, 48.963054841440396),
         {'forward': 0.04380208063771645,
          'backward': 0.06569405811423,
-         'tensor_parallel_comm': 0.008713800533333241,
+         'tensor_parallel_comm': 0.00871380053333331,
          'data_parallel_comm': 0.0001799936,
-         'comm_slowdown': 0.0028477080575999582,
-         'host_dispatch': 0.08546946112479546,
+         'comm_slowdown': 0.0028477080575999777,
+         'host_dispatch': 0.0854932211247954,
          'optimizer': 0.0006325024301684029}),
     "pp4-dp4-interleaved-slow-link": (
-        0.12764334098045452, 0.41562723315586547, (0, 1), 1088, "a58bdb4714253c6b",
-        (50.08078132905275, 51.18628282484349),
+        0.1276482009804545, 0.4156504284623728, (0, 1), 1088, "a58bdb4714253c6b",
+        (50.083304378653445, 51.18888556704418),
         {'forward': 0.006694940727707209,
          'backward': 0.014001482343736923,
-         'pipeline_bubble': 0.05008129754976605,
-         'pipeline_comm': 0.03141598964444445,
+         'pipeline_bubble': 0.05008063754976605,
+         'pipeline_comm': 0.03141598964444446,
          'data_parallel_comm': 0.0012096439999999958,
          'comm_slowdown': 0.0001920763200000036,
-         'host_dispatch': 0.022339777834877998,
+         'host_dispatch': 0.022345297834877983,
          'optimizer': 0.0017081325599218752}),
     # re-recorded (2026-11-24): FSDP2 copies each unit's gathered weights out into its
     # parameters before the unit's forward and backward (plan/parallel.py _gather_copy_out)
     "dp16-hybrid-zero3-offload": (
-        0.060294715700890684, 0.9559994806662219, (0, 0), 50, "6c6f8685dbdfcdb3",
-        (1.3370787788106107, 1.4115438265520242),
+        0.060300598242137814, 0.9560048669658607, (0, 0), 50, "6c6f8685dbdfcdb3",
+        (1.3372511696677643, 1.4117221659126455),
         {'forward': 0.010840906930855276,
          'backward': 0.020792485344721896,
-         'data_parallel_comm': 0.0026529988039216985,
-         'comm_slowdown': 0.002522568233085737,
-         'host_dispatch': 0.008444898858089096,
+         'data_parallel_comm': 0.0026529328417010407,
+         'comm_slowdown': 0.002522576736553542,
+         'host_dispatch': 0.008450838858089078,
          'optimizer': 0.01504085753021698}),
     "pp2-dp8-zero1-after-backward": (
-        0.07175125843257789, 0.6245750104003278, (0, 0), 256, "8c31064b32360b81",
-        (9.021246606430225, 9.936723620538448),
+        0.0717547384325779, 0.6245990712359122, (0, 0), 256, "8c31064b32360b81",
+        (9.021763566430227, 9.937302980538451),
         {'forward': 0.006624865027099055,
          'backward': 0.013337790059158474,
-         'pipeline_bubble': 0.019559761560213353,
-         'pipeline_comm': 0.010115529600000006,
+         'pipeline_bubble': 0.019557481560213356,
+         'pipeline_comm': 0.0101155296,
          'data_parallel_comm': 0.002299187199999997,
-         'host_dispatch': 0.019532714322256624,
+         'host_dispatch': 0.019538474322256635,
          'optimizer': 0.00028141066385038266}),
     "tp2-pp2-dp2-gpipe-node-links": (
-        0.1058679721292991, 0.7986889695931275, (0, 0), 63, "4ab54d9f4f41f907",
-        (3.4570510239050574, 3.629280502250785),
+        0.10588123212929908, 0.7987011472400749, (0, 0), 63, "4ab54d9f4f41f907",
+        (3.457502795697869, 3.6297560340435964),
         {'forward': 0.008233242220497754,
          'backward': 0.016109221972131715,
-         'tensor_parallel_comm': 0.003546372266666679,
-         'pipeline_bubble': 0.021747506393164157,
+         'tensor_parallel_comm': 0.0035463722666665993,
+         'pipeline_bubble': 0.021749246393164137,
          'pipeline_comm': 0.0004705829333333314,
-         'data_parallel_comm': 0.0004455066666666646,
-         'host_dispatch': 0.054172328366796973,
+         'data_parallel_comm': 0.0004455066666666785,
+         'host_dispatch': 0.05418384836679699,
          'optimizer': 0.0011432113100418744}),
 }
 

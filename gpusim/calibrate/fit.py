@@ -135,7 +135,7 @@ def _search(lo: float, hi: float, score: Callable[[float], float], zero: bool) -
 
 # Ranges per parameter kind: efficiencies are fractions of peak, ramps and gaps microseconds.
 _RANGE = {"efficiency": (0.005, 1.0, False), "factor": (0.05, 1.0, False),
-          "slope": (0.002, 0.5, True), "blocks": (0.05, 64.0, True),
+          "slope": (0.002, 0.5, True), "share": (0.01, 1.0, True), "blocks": (0.05, 64.0, True),
           "dims": (1.0, 512.0, True),
           "us": (0.01, 5000.0, True), "gb_s": (0.1, 1000.0, False)}
 

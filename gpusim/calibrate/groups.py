@@ -27,10 +27,18 @@ BOTH_PASSES = "forward+backward"
 # cover the small sizes (a 16 MiB copy takes ~10 us on the device, past the host's pace).
 LOOP_MIN_BYTES = 2**24
 
-# Smallest matrix product (FLOPs) timed in a loop that the device fit takes when graph
-# replays cover the small ones: 2^35 FLOPs run about 45 us at an H100's bf16 rate, past the
+# Smallest matrix product timed in a loop that the device fit takes when graph replays
+# cover the small ones: 2^35 FLOPs run about 45 us at an H100's bf16 rate, and a 2^27-byte
+# result (a short K over a large M x N) takes about as long to write; both are past the
 # 10-40 us a host takes to issue one product from Python.
 LOOP_MIN_FLOPS = 2**35
+LOOP_MIN_WRITE_BYTES = 2**27
+
+# The result's write (the epilogue, GemmCalibration.epilogue_exposed) is fitted where this
+# many products spend at least EPILOGUE_MIN_SHARE of their datasheet compute time writing it
+# at peak bandwidth: fewer, and it cannot be told apart from max_efficiency.
+EPILOGUE_MIN_CASES = 3
+EPILOGUE_MIN_SHARE = 0.5
 
 # A slope of a product's rate against its inner dimension K is fitted only where a precision
 # has this many tensor-core cases on each side of the calibration's knee, compute-bound
@@ -77,6 +85,25 @@ def overhead_param(kernel: str, cases: list[dict[str, Any]]) -> list[tuple[Path_
     if widths:
         params.append((("gemm", "attention_softmax_width", kernel), "dims"))
     return params
+
+
+def device_paced(case: dict[str, Any]) -> bool:
+    """Whether a GEMM case timed in a loop ran longer on the device than the host takes to
+    issue it: enough math, or a large enough result to write."""
+    m, n, k = int(case["m"]), int(case["n"]), int(case["k"])
+    return (2 * m * n * k >= LOOP_MIN_FLOPS
+            or DTYPE_BYTES[case["precision"]] * m * n >= LOOP_MIN_WRITE_BYTES)
+
+
+def writes_matter(cases: list[dict[str, Any]], device: DeviceProfile) -> bool:
+    """Whether enough products spend a large share of their time writing their result (a
+    short K over a large M x N), at the datasheet's peak FLOP/s and bandwidth, to fit how
+    much of that write the main loop hides."""
+    def share(c: dict[str, Any]) -> float:
+        """The write's time over the math's: M x N elements against 2 x M x N x K FLOPs."""
+        peak, _ = device.peak_flops(c["precision"], matrix=True)
+        return DTYPE_BYTES[c["precision"]] * peak / (device.memory_bandwidth * 2.0 * int(c["k"]))
+    return sum(share(c) >= EPILOGUE_MIN_SHARE for c in cases) >= EPILOGUE_MIN_CASES
 
 
 def has_short(cases: list[dict[str, Any]]) -> bool:
@@ -138,7 +165,7 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
     # only the host's.
     gemm_graphed = any(kernel_timed(c) for c in gemm)
     gemm_host = [c for c in gemm if gemm_graphed and not kernel_timed(c)
-                 and 2 * c["m"] * c["n"] * c["k"] < LOOP_MIN_FLOPS] if device.is_gpu else []
+                 and not device_paced(c)] if device.is_gpu else []
     gemm = [c for c in gemm if c not in gemm_host]
     gemm_params: list[tuple[Path_, str]] = [
         (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
@@ -146,6 +173,8 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
                     if spans_the_knee([c for c in gemm if c["precision"] == p])]
     if has_short(gemm):
         gemm_params.append((("gemm", "ramp_us"), "us"))
+    if device.is_gpu and writes_matter(gemm, device):
+        gemm_params.append((("gemm", "epilogue_exposed"), "share"))
     host_params: list[tuple[Path_, str]] = []
     host_cases = gemm_host or gemm
     if device.is_gpu and has_host(host_cases):

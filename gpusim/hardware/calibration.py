@@ -115,6 +115,16 @@ class GemmCalibration(Frozen):
                     "where the micro suite spans the knee; none given: no fall")
     long_k_knee: Annotated[int, Field(gt=0)] = Field(
         4096, description="K up to which a product runs at max_efficiency")
+    epilogue_exposed: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="how much of a matrix product's result write (M x N) fails to "
+                         "overlap its main loop: a CTA writes its output tile after its last "
+                         "K step, so the product takes the roofline's max(compute, memory) "
+                         "plus this share of the shorter of its compute and its write. A "
+                         "short K (a row-parallel linear under tensor parallelism, an MoE "
+                         "expert's down projection) writes about as long as it computes (the "
+                         "H100 micro suite: 2048x16384x256 bf16 in 39 us, where the math "
+                         "takes 21 and the write 23). Fitted where the micro suite has such "
+                         "products; none given: 0, the plain roofline")
     misaligned_factor: dict[str, Fraction] = Field(
         default_factory=dict,
         description="per math precision, a matrix product's efficiency relative to "
