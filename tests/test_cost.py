@@ -78,7 +78,7 @@ def test_op_copies_keep_every_field() -> None:
     values = {"name": "n", "kind": "gemm", "flops": 1.0, "bytes": 2.0, "math": "bf16",
               "layer": "l", "phase": "recompute", "gemm": GemmShape(1, 2, 3),
               "alloc_bytes": 4.0, "family": "f", "parallel_units": 5, "kernel": "k",
-              "attention": AttentionShape(1, 2, 3, True)}
+              "attention": AttentionShape(1, 2, 3, True), "written": 6.0}
     assert set(values) == {f.name for f in dataclasses.fields(Op)}
     op = Op(**values)  # type: ignore[arg-type]
     assert op.with_phase("backward") == dataclasses.replace(op, phase="backward")
@@ -98,6 +98,7 @@ def test_a_short_k_product_pays_the_write_its_main_loop_does_not_hide(h100: GPUP
     long = gemm_op("long", GemmShape(8192, 8192, 4096), "bf16", 2)
     plain, paid = kernel_cost(short, h100, roofline), kernel_cost(short, h100, cal)
     write = plain.memory_s * (98304 * 4096) / (98304 * 512 + 512 * 4096 + 98304 * 4096)
+    assert short.written == 2 * 98304 * 4096
     assert paid.seconds - plain.seconds == pytest.approx(
         exposed * min(plain.compute_s, write), rel=1e-6)
     assert paid.seconds / plain.seconds > 1.2

@@ -26,16 +26,16 @@ PINNED: list[tuple[str, str, int, dict[str, Any], float, dict[str, float], int]]
      {"forward": 0.042509230286512954, "backward": 0.06238118359868144, "recompute": 0.0,
       "optimizer": 0.0011080250832959059, "input_pipeline": 0.0014881109359836941,
       "host_dispatch": 1.0327799999987342e-05, "gpu_idle": 0.0}, 2555),
-    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.031016440280841304,  # host-bound
-     {"forward": 0.0009608592811331406, "backward": 0.0013329490474349366, "recompute": 0.0,
+    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.031016440280841308,  # host-bound
+     {"forward": 0.0009608593473830205, "backward": 0.0013329497468756325, "recompute": 0.0,
       "optimizer": 0.0006502336830321628, "input_pipeline": 0.0,
-      "host_dispatch": 0.028072398269241065, "gpu_idle": 0.0}, 2555),
+      "host_dispatch": 0.028072397503550492, "gpu_idle": 0.0}, 2555),
     ("gpt2", "h100-sxm", 8,
      {"precision": "bf16", "seq_len": 1024, "grad_accum": 4, "loader_workers": 4},
-     0.13414539816368362,
-     {"forward": 0.014695238958940307, "backward": 0.028952035917260508, "recompute": 0.0,
+     0.13414539816368434,
+     {"forward": 0.014721050796900849, "backward": 0.028958612436735344, "recompute": 0.0,
       "optimizer": 0.003081522269147718, "input_pipeline": 0.0,
-      "host_dispatch": 0.0874166010183351, "gpu_idle": 0.0}, 4371),
+      "host_dispatch": 0.08738421266090042, "gpu_idle": 0.0}, 4371),
     ("mnist-mlp", "xeon6-2vcpu", 64, {"precision": "fp32"}, 0.0021805339601938655,  # a CPU
      {"forward": 0.0003329626009560567, "backward": 0.00048326517873158474,
       "recompute": 0.0, "optimizer": 0.0011813279205062238, "input_pipeline": 0.0,

@@ -18,7 +18,7 @@ from gpusim.calibrate.micro_ops import (
 from gpusim.hardware.calibration import GemmCalibration
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.workload.layers import batch_norm
-from gpusim.workload.ops import DTYPE_BYTES, TENSOR_CORE_MATH, GemmShape
+from gpusim.workload.ops import DTYPE_BYTES, TENSOR_CORE_MATH, GemmShape, result_bytes
 
 Path_ = tuple[str, ...]  # a parameter's place in the calibration, e.g. ("gemm", "ramp_us")
 BOTH_PASSES = "forward+backward"
@@ -92,7 +92,7 @@ def device_paced(case: dict[str, Any]) -> bool:
     issue it: enough math, or a large enough result to write."""
     m, n, k = int(case["m"]), int(case["n"]), int(case["k"])
     return (2 * m * n * k >= LOOP_MIN_FLOPS
-            or DTYPE_BYTES[case["precision"]] * m * n >= LOOP_MIN_WRITE_BYTES)
+            or result_bytes(case["precision"]) * m * n >= LOOP_MIN_WRITE_BYTES)
 
 
 def writes_matter(cases: list[dict[str, Any]], device: DeviceProfile) -> bool:
@@ -102,7 +102,7 @@ def writes_matter(cases: list[dict[str, Any]], device: DeviceProfile) -> bool:
     def share(c: dict[str, Any]) -> float:
         """The write's time over the math's: M x N elements against 2 x M x N x K FLOPs."""
         peak, _ = device.peak_flops(c["precision"], matrix=True)
-        return DTYPE_BYTES[c["precision"]] * peak / (device.memory_bandwidth * 2.0 * int(c["k"]))
+        return result_bytes(c["precision"]) * peak / (device.memory_bandwidth * 2.0 * int(c["k"]))
     return sum(share(c) >= EPILOGUE_MIN_SHARE for c in cases) >= EPILOGUE_MIN_CASES
 
 

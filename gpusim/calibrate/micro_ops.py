@@ -41,7 +41,14 @@ from gpusim.workload.layers import (
     swiglu,
 )
 from gpusim.workload.numerics import Numerics
-from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
+from gpusim.workload.ops import (
+    DTYPE_BYTES,
+    GemmShape,
+    Op,
+    gemm_op,
+    memory_op,
+    result_bytes,
+)
 
 # Passes over the operand each elementwise case makes: (elements read, elements written).
 ELEMENTWISE_PASSES = {"copy": (1, 1), "add": (2, 1), "add_alloc": (2, 1), "sum": (1, 0),
@@ -111,8 +118,8 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
     if kind == "gemm":
         p = case["precision"]
         shape = GemmShape(case["m"], case["n"], case["k"], layout=case.get("layout", "nn"))
-        # timed into a preallocated output (torch.mm(..., out=c))
-        return [replace(gemm_op(case["id"], shape, p, DTYPE_BYTES[p]), alloc_bytes=0.0)]
+        # timed into a preallocated output (torch.mm(..., out=c)); fp8 writes bf16
+        return [replace(gemm_op(case["id"], shape, p, result_bytes(p)), alloc_bytes=0.0)]
     if kind == "conv":
         num = numerics(case["precision"], device)
         layer = Conv2d(case["id"], case["in_channels"], case["out_channels"], case["kernel"],

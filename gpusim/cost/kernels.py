@@ -151,10 +151,10 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                 if op.gemm.layout != "nn":
                     eff *= g.layout_factors.get(op.gemm.layout, 1.0)  # type: ignore[call-overload]
         compute_s = op.flops / (peak * eff * _clock_factor(device, cal))
-        if op.kind == "gemm" and op.gemm is not None and cal.gemm.epilogue_exposed:
+        if op.kind == "gemm" and cal.gemm.epilogue_exposed:
             # The result's write overlaps the main loop only in part: the shorter of the
             # two is paid again by its exposed share (a short K writes as long as it computes).
-            write_s = memory_s * written_share(op.gemm)
+            write_s = op.written / bandwidth
             compute_s = (max(compute_s, memory_s)
                          + cal.gemm.epilogue_exposed * min(compute_s, write_s))
         ramp = units.us(cal.gemm.ramp_us)
@@ -162,13 +162,6 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     seconds = max(compute_s, memory_s) + ramp + overhead + first_touch_cost(op, cal)
     achieved = op.flops / (seconds * peak) if op.flops else 0.0
     return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved)
-
-
-def written_share(shape: GemmShape) -> float:
-    """The result's share of the bytes a matrix product moves (M x N of M x K + K x N +
-    M x N): the write its epilogue does after the main loop."""
-    m, n, k = shape.m, shape.n, shape.k
-    return m * n / (m * k + k * n + m * n)
 
 
 def memory_efficiency(n_bytes: float, cal: Calibration) -> float:

@@ -17,6 +17,15 @@ OpKind = Literal["gemm", "conv", "attention", "memory"]
 Phase = Literal["forward", "backward", "optimizer", "recompute"]
 
 # Bytes per element of each storage type.
+# The type an fp8 product writes its result in: torch._scaled_mm as the micro suite calls
+# it (out_dtype=torch.bfloat16) and Transformer Engine's and torchao's fp8 linear layers.
+FP8_RESULT = "bf16"
+
+
+def result_bytes(math: str) -> int:
+    """Bytes per element of a product's result in precision ``math`` (fp8's is 16-bit)."""
+    return DTYPE_BYTES[FP8_RESULT if math == "fp8" else math]
+
 DTYPE_BYTES: dict[str, int] = {
     "fp64": 8,
     "fp32": 4,
@@ -66,9 +75,12 @@ class GemmShape:
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k * self.batch
 
-    def bytes(self, element_bytes: float) -> float:
-        """Operands read once and the result written once."""
-        return element_bytes * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+    def bytes(self, element_bytes: float, operand_bytes: float | None = None) -> float:
+        """Operands read once (``operand_bytes`` each; none: ``element_bytes``) and the
+        result written once."""
+        operand = element_bytes if operand_bytes is None else operand_bytes
+        return self.batch * (operand * (self.m * self.k + self.k * self.n)
+                             + element_bytes * self.m * self.n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,8 @@ class Op:
     kernel: str = ""
     # A fused attention kernel's problem, which the cost model splits into tiles.
     attention: AttentionShape | None = None
+    # Bytes of the result a matrix product writes after its main loop (its epilogue).
+    written: float = 0.0
 
     def with_phase(self, phase: Phase) -> Op:
         # An Op is immutable: one already in ``phase`` (or ``layer``, below) is its own copy.
@@ -131,16 +145,20 @@ class Op:
                   math=self.math, layer=layer, phase=phase, gemm=self.gemm,
                   alloc_bytes=self.alloc_bytes, family=self.family,
                   parallel_units=self.parallel_units, kernel=self.kernel,
-                  attention=self.attention)
+                  attention=self.attention, written=self.written)
 
 
 def gemm_op(name: str, shape: GemmShape, math: str, element_bytes: float,
             kind: OpKind = "gemm", *, layer: str = "", moved: float | None = None) -> Op:
-    """A matrix product (or a convolution lowered to one), writing a new result, in
-    ``layer``; ``moved``: its bytes where they are not the product's own (a convolution's)."""
+    """A matrix product (or a convolution lowered to one), writing a new result of
+    ``element_bytes`` elements, in ``layer``; an fp8 product reads its operands quantized to
+    one byte (the casts before it wrote them) and writes a 16-bit result. ``moved``: its
+    bytes where they are not the product's own (a convolution's)."""
     out = element_bytes * shape.batch * shape.m * shape.n
-    return Op(name, kind, shape.flops, shape.bytes(element_bytes) if moved is None else moved,
-              math, layer, gemm=shape, alloc_bytes=out)
+    operand = DTYPE_BYTES["fp8"] if math == "fp8" else element_bytes
+    return Op(name, kind, shape.flops,
+              shape.bytes(element_bytes, operand) if moved is None else moved,
+              math, layer, gemm=shape, alloc_bytes=out, written=out)
 
 
 def memory_op(name: str, elements_read: float, elements_written: float, element_bytes: float,
