@@ -137,10 +137,10 @@ def test_no_gemm_shape_runs_above_the_measured_ceiling(gpu: str, ceiling: float)
     """A stated default (or a fit) above the best any shape reached on the real device
     would make GEMMs faster than the hardware has been seen to run: over a grid of shapes
     like the search's, none is predicted above its best."""
-    from gpusim.calibrate.fit import _fastest_shape
+    from gpusim.calibrate.gemm_maxima import fastest_shape
 
     device = load_gpu(gpu)
-    best = _fastest_shape("bf16", device, calibration_for(device)) / (
+    best = fastest_shape("bf16", device, calibration_for(device)) / (
         device.matrix_tflops["bf16"] * 1e12)
     assert best < ceiling
 

@@ -29,18 +29,17 @@ from typing import Any
 
 import yaml
 
+from gpusim.calibrate.attention_terms import auto_attention, record_attention_ranges
+from gpusim.calibrate.gemm_maxima import bound_by_maxima, same_rate_precisions
 from gpusim.calibrate.groups import BOTH_PASSES, Path_, fit_groups
 from gpusim.calibrate.micro_ops import (
-    SDPA_KERNELS,
-    case_ops,
     layer_host_job,
     layer_host_times,
     looped_case,
     predict,
 )
-from gpusim.cost.kernels import key_blocks_per_query_block
 from gpusim.errors import InvalidMeasurement
-from gpusim.hardware.calibration import ATTENTION_SHAPE_TERMS, Calibration, stated_defaults
+from gpusim.hardware.calibration import Calibration, stated_defaults
 from gpusim.hardware.catalog import catalog, profiles_dir
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.measure import results
@@ -160,20 +159,6 @@ def _fit_group(data: dict[str, Any], params: list[tuple[Path_, str]],
             _set(data, path, _search(lo, hi, score, zero))
 
 
-def _record_attention_ranges(cal: dict[str, Any], params: list[tuple[Path_, str]],
-                             cases: list[dict[str, Any]], device: DeviceProfile) -> None:
-    """Where a group fits an attention kernel's shape terms, the range its cases span (the
-    most key blocks per query block, the widest head), past which the terms are held flat."""
-    for where, _ in params:
-        if where[:2] == ("gemm", "attention_tile_overhead"):
-            cal["gemm"].setdefault("attention_longest", {})[where[2]] = max(
-                key_blocks_per_query_block(op.attention) for c in cases
-                for op in case_ops(c, device) if op.attention is not None)
-        if where[:2] == ("gemm", "attention_softmax_width"):
-            cal["gemm"].setdefault("attention_widest", {})[where[2]] = max(
-                c["head_dim"] for c in cases if "head_dim" in c)
-
-
 def _load_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
     runs = []
     for path in paths:
@@ -244,16 +229,16 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
         if name == "memory" and not device.is_gpu:
             cal = _fit_cache_regime(cal, params, group_cases, device)
         else:
-            _record_attention_ranges(cal, params, group_cases, device)
+            record_attention_ranges(cal, params, group_cases, device)
             _fit_group(cal, params, group_cases, device)
         fitted = {".".join(p): _get(cal, p) for p, _ in params if _has(cal, p)}
         if name == "memory" and cal["memory"].get("cache_mib"):
             fitted["memory.cache_mib"] = cal["memory"]["cache_mib"]
         fits.append(_group_fit(name, group_cases, device, before, cal, fitted))
         if name == "gemm":  # before anything is fitted relative to the GEMM efficiencies
-            shared = _same_rate_precisions(cal, device, fits)
-    bounded = _bound_by_maxima(cal, cases + [c for r in bounds for c in r["cases"]], device)
-    auto = _auto_attention(cal, data, fits)
+            shared = same_rate_precisions(cal, device, fitted)
+    bounded = bound_by_maxima(cal, cases + [c for r in bounds for c in r["cases"]], device)
+    auto = auto_attention(cal, data)
     layers = [c for c in cases if c["kind"] == "layer_host" and "median_s" in c]
     if layers:
         fits.append(_fit_layer_host(cal, layers, device))
@@ -297,91 +282,6 @@ def _fit_cache_regime(cal: dict[str, Any], params: list[tuple[Path_, str]],
             best = (error, trial)
     assert best is not None
     return best[1]
-
-
-def _same_rate_precisions(cal: dict[str, Any], device: DeviceProfile,
-                          fits: list[GroupFit]) -> str:
-    """A precision no GEMM case timed takes the efficiency of one that was timed on the same
-    matrix units at the same peak (fp16 and bf16 on every tensor-core GPU): one measured
-    library, not a default, then speaks for both."""
-    prefix = "gemm.max_efficiency."
-    fitted = {k[len(prefix):]: v for g in fits if g.group == "gemm"
-              for k, v in g.parameters.items() if k.startswith(prefix)}
-    peaks = {str(k): v for k, v in device.matrix_tflops.items()}
-    taken = []
-    for precision in list(cal["gemm"]["max_efficiency"]):
-        twin = next((q for q in fitted if q != precision and precision not in fitted
-                     and precision in peaks and peaks.get(q) == peaks[precision]), None)
-        if twin is not None:
-            cal["gemm"]["max_efficiency"][precision] = fitted[twin]
-            taken.append(f"{precision} from {twin}")
-    return (f" Precisions no GEMM case timed, from one at the same peak: "
-            f"{', '.join(taken)}." if taken else "")
-
-
-# Shapes a searched maximum bounds, as a search over shapes would try them: M and N in
-# steps of 1024 up to 16384, K from 1024 to past the knee of long_k_slope.
-_SEARCH_SIDES = range(1024, 16385, 1024)
-_SEARCH_K = (1024, 2048, 4096, 8192, 13312)
-
-
-def _fastest_shape(precision: str, device: DeviceProfile, cal: Calibration) -> float:
-    """The highest FLOP rate predicted for any shape of the search grid."""
-    return max(2 * m * n * k / predict({"id": f"gemm/{precision}/{m}x{n}x{k}", "kind": "gemm",
-                                        "precision": precision, "m": m, "n": n, "k": k},
-                                       device, cal)
-               for m in _SEARCH_SIDES for n in _SEARCH_SIDES for k in _SEARCH_K)
-
-
-def _bound_by_maxima(cal: dict[str, Any], cases: list[dict[str, Any]],
-                     device: DeviceProfile) -> str:
-    """No shape runs faster than the fastest a search over shapes found: where the
-    calibration predicts a searched maximum (a GEMM case kept out of the fit, ``fit:
-    false``), or any shape of a search grid, faster than that maximum was measured, its
-    precision's efficiency is lowered until the prediction meets it. A bound, not a fit:
-    typical shapes may still run slower."""
-    held = []
-    for precision in sorted(cal["gemm"]["max_efficiency"]):
-        maxima = [c for c in cases if c.get("fit") is False and c["kind"] == "gemm"
-                  and c.get("precision") == precision and "median_s" in c]
-        if not maxima:
-            continue
-        best = max(2 * c["m"] * c["n"] * c["k"] / c["median_s"] for c in maxima)
-        start = cal["gemm"]["max_efficiency"][precision]
-        for _ in range(8):  # ramps and quantization make time not quite inverse to it
-            trial = Calibration.model_validate(cal)
-            ratio = min([predict(c, device, trial) / c["median_s"] for c in maxima]
-                        + [best / _fastest_shape(precision, device, trial)])
-            if ratio >= 0.999:
-                break
-            cal["gemm"]["max_efficiency"][precision] *= ratio
-        if cal["gemm"]["max_efficiency"][precision] < start:
-            held.append(f"{precision} {start:.3g} -> "
-                        f"{cal['gemm']['max_efficiency'][precision]:.3g}")
-    return (f" Held to the searched maxima (no shape faster than the fastest a search "
-            f"found): {', '.join(held)}." if held else "")
-
-
-def _auto_attention(cal: dict[str, Any], data: dict[str, Any], fits: list[GroupFit]) -> str:
-    """Where the suite timed no SDPA "auto" cases (published figures name their kernel), the
-    default attention is the kernel the file says SDPA picks on this GPU, as fitted."""
-    backend = data.get("sdpa_auto_backend")
-    if not backend or any(c.get("backend") == "auto" or c["kind"] == "attention"
-                          for c in data["cases"]):
-        return ""
-    fitted = cal["gemm"].get("attention_kernels", {}).get(SDPA_KERNELS.get(backend, ""))
-    if not fitted:
-        return ""
-    for term in ATTENTION_SHAPE_TERMS:
-        per_kernel = cal["gemm"].get(term, {})
-        if SDPA_KERNELS[backend] in per_kernel:
-            per_kernel["auto"] = per_kernel[SDPA_KERNELS[backend]]
-    if "forward" in fitted:
-        cal["gemm"]["attention_factor"] = fitted["forward"]
-    if "backward" in fitted:
-        cal["gemm"]["attention_backward_factor"] = fitted["backward"]
-    return (f" Attention as SDPA picks it is its {backend} backend here "
-            f"({SDPA_KERNELS[backend]}), as the measurements file states.")
 
 
 def _fit_layer_host(cal: dict[str, Any], cases: list[dict[str, Any]],
