@@ -14,7 +14,8 @@ import pytest
 from gpusim.comm.topology import Topology
 from gpusim.cost.kernels import kernel_cost
 from gpusim.hardware.calibration import calibration_for
-from gpusim.plan.parallel import ChunkPlan, plan_parallel
+from gpusim.plan.chunk import ChunkPlan
+from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.stack import load_stack
 from gpusim.workload.ops import memory_op

@@ -280,16 +280,16 @@ def test_chunks_assembled_from_blocks_equal_chunks_costed_whole(
                       ParallelConfig(**split), precision, "adam", recompute, **options)
     assembled = parallel.plan_parallel(job)
     built = []
-    original = parallel._template
+    original = parallel.chunk_template
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         built.append(original(*args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(parallel, "_template", counted)
+    monkeypatch.setattr(parallel, "chunk_template", counted)
     assert parallel.plan_parallel(job).stages == assembled.stages
     assert any(t is not None for t in built) or recompute.startswith("every-k")
-    monkeypatch.setattr(parallel, "_template", lambda *args, **kwargs: None)
+    monkeypatch.setattr(parallel, "chunk_template", lambda *args, **kwargs: None)
     whole = parallel.plan_parallel(job)
     for a, w in zip(assembled.stages, whole.stages, strict=True):
         assert a.chunks == w.chunks

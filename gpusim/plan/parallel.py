@@ -12,76 +12,35 @@ the plan costs one representative rank per stage:
   and sharded, and when, is described here and scheduled by the simulator.
 
 A search plans thousands of jobs over one cache: each layer step is lowered and costed once
-per shape, and a chunk of identical blocks is put together from the costs of three of them
-(_template), which add up term by term in the order the whole chunk would add them, so its
-totals are the same to the last bit. What one pass costs, term by term, is
-``gpusim.plan.pass_cost``.
+per shape (``gpusim.plan.chunk``), and a chunk of identical blocks is put together from the
+costs of three of them (``gpusim.plan.chunk_template``). What one pass costs, term by term,
+is ``gpusim.plan.pass_cost``.
 """
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from gpusim.comm.collectives import Collective, collective_seconds
 from gpusim.comm.topology import CommGroup
 from gpusim.cost.kernels import host_cost, kernel_cost, optimizer_host_s
 from gpusim.hardware.calibration import Calibration, calibration_for
-from gpusim.plan.autocast import layer_precisions, runs_in_fp8
+from gpusim.plan.chunk import ChunkLayout, ChunkPlan, chunk_plan
+from gpusim.plan.chunk_template import TEMPLATE_BLOCKS, assembled_chunk, chunk_template
 from gpusim.plan.context_parallel import split_sequence
 from gpusim.plan.expert_parallel import expert_share, fold_experts, hold_experts
-from gpusim.plan.job import TrainingJob
-from gpusim.plan.lower import lower_step, microbatch_steps
-from gpusim.plan.memory import (
-    activation_split,
-    activations_by_layer,
-)
 from gpusim.plan.offload import offload_seconds
 from gpusim.plan.optimizer_step import optimizer_ops, parameter_tensors
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
-from gpusim.plan.pass_cost import (
-    Costed,
-    PassTerms,
-    Queue,
-    Work,
-    costed_ops,
-    expert_group,
-    grad_ready,
-    joined,
-    pass_groups,
-    pass_terms,
-    pass_work,
-)
+from gpusim.plan.pass_cost import expert_group
 from gpusim.plan.tensor_parallel import shard_layer
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
-from gpusim.workload.ops import Phase, memory_op
 
 # PyTorch DDP's default bucket_cap_mb: gradients are all-reduced in buckets of this size as
 # the backward pass produces them.
 DDP_BUCKET_BYTES = 25 * 2**20
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """A model chunk held by one stage: its passes and what it sends and reduces."""
-
-    index: int  # virtual stage: chunk k of stage s is index k x PP + s
-    layers: tuple[Layer, ...]
-    forward: Work
-    backward: Work
-    activation_bytes: float  # what it sends to the next stage per microbatch
-    saved_bytes: float  # activations it keeps for backward per microbatch
-    working_bytes: float  # what full recompute re-creates, one block at a time
-    params: int  # on this rank
-    trainable_params: int  # on this rank, not frozen: what its gradients reduce
-    largest_block_params: int  # what ZeRO-3 gathers at once
-    model_flops: float  # forward and backward, recompute not counted
-    # When each trained layer's gradient is complete in a backward pass: (kernel seconds
-    # since the one before was complete, its trainable parameters on this rank, whether it
-    # is the first of its block), in the order they complete. Gradient buckets wait on these.
-    grad_ready: tuple[tuple[float, int, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,17 +91,6 @@ class ParallelPlan:
                                   self.stages[0].chunks[0].activation_bytes)
 
 
-class _Layout(NamedTuple):
-    """Where a chunk's layers come from: ``lead`` leading layers (the embedding), ``blocks``
-    body blocks of ``block`` layers each (0: blocks of different shapes), ``tail`` trailing
-    layers (the head and loss)."""
-
-    lead: int
-    blocks: int
-    block: int
-    tail: int
-
-
 def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
                   ) -> tuple[list[tuple[Layer, ...]],
                              list[tuple[list[Layer], list[list[Layer]], list[Layer]]]]:
@@ -181,7 +129,7 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
 
 
 def _split(job: ParallelJob, cache: dict[Any, Any]
-           ) -> tuple[list[tuple[Layer, ...]], list[tuple[int, ...]], list[_Layout]]:
+           ) -> tuple[list[tuple[Layer, ...]], list[tuple[int, ...]], list[ChunkLayout]]:
     """Every chunk's layers, its signature (each layer, its name taken off, as a number:
     equal layers, equal numbers, so that chunks of the same shape share one costing) and its
     layout. All come from ``cache`` when a job of the same split was planned before."""
@@ -221,248 +169,10 @@ def _split(job: ParallelJob, cache: dict[Any, Any]
             signatures.append(numbers(lead) + tuple(itertools.chain.from_iterable(shapes))
                               + numbers(tail))
             size = len(blocks[0]) if len(set(shapes)) == 1 else 0
-            layouts.append(_Layout(len(lead), len(blocks), size, len(tail)))
+            layouts.append(ChunkLayout(len(lead), len(blocks), size, len(tail)))
         cache[key] = (chunks, signatures, layouts)
-    found: tuple[list[tuple[Layer, ...]], list[tuple[int, ...]], list[_Layout]] = cache[key]
+    found: tuple[list[tuple[Layer, ...]], list[tuple[int, ...]], list[ChunkLayout]] = cache[key]
     return found
-
-
-def _chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[Any, ...],
-               cal: Calibration, cache: dict[Any, Any]) -> list[Costed]:
-    """The costed ops of one microbatch of a chunk, in issue order. Each layer step is
-    lowered and costed once per shape (``cache``; equal layers have equal ``signature``
-    numbers) and its ops named after the layer that runs it."""
-    layers = stage_job.model.layers
-    precision = layer_precisions(stage_job)
-    device = stage_job.device
-    out: list[Costed] = []
-    copies_out = stage_job.fsdp and stage_job.framework.fsdp == "per_parameter"
-    unit_params: dict[str, int] = defaultdict(int)
-    for la in layers if copies_out else ():
-        unit_params[la.block or la.name] += la.params
-    gathered: dict[str, str] = {}  # pass ("forward", "backward") -> the unit gathered last
-    for i, kind in microbatch_steps(stage_job):
-        layer = layers[i]
-        if copies_out:
-            out += _gather_copy_out(stage_job, layer, kind, unit_params, gathered, cal, cache)
-        prec = precision[layer.name]
-        key = ("step", shape, signature[i], kind, prec, stage_job.is_trainable(layer.name),
-               stage_job.quantized(layer))
-        found = cache.get(key)
-        if found is None:
-            found = [("" if c[0] == layer.name else c[0], *c[1:])
-                     for c in costed_ops(lower_step(layer, kind, stage_job, prec), device, cal)]
-            cache[key] = found
-        name = layer.name
-        out += [(c[0] or name, *c[1:]) for c in found]
-    return out
-
-
-def _gather_copy_out(stage_job: TrainingJob, layer: Layer, kind: str,
-                     unit_params: dict[str, int], gathered: dict[str, str],
-                     cal: Calibration, cache: dict[Any, Any]) -> list[Costed]:
-    """FSDP2's copy of a unit's all-gathered weights into its parameters, before the unit's
-    first layer step of a pass (forward, or backward with its recompute): each gather's
-    output is read and every parameter written, in the gathered type, on the compute
-    stream (foreach_all_gather_copy_out, split_with_sizes_copy). FSDP1's layers are views
-    into the gathered buffer and copy nothing."""
-    unit = layer.block or layer.name
-    phase: Phase = "forward" if kind == "forward" else "backward"
-    params = unit_params[unit]
-    if gathered.get(phase) == unit or not params:
-        return []
-    gathered[phase] = unit
-    element = stage_job.gathered_weight_bytes
-    key = ("fsdp_copy_out", params, element, phase, cal.name)
-    found = cache.get(key)
-    if found is None:
-        op = memory_op("fsdp_copy_out", params, params, element, 0.0, allocates=False,
-                       phase=phase, family="copy")
-        found = cache[key] = costed_ops([op], stage_job.device, cal)[0]
-    return [(layer.name, *found[1:])]
-
-
-def _stage_job(job: ParallelJob, index: int, layers: tuple[Layer, ...]) -> TrainingJob:
-    sub = Model(f"{job.model.name}[{index}]", layers, job.model.input, job.model.family,
-                job.model.tokens_per_sample)
-    return job.stage_job(sub, first=index == 0)
-
-
-def _fp8_layers(stage_job: TrainingJob) -> frozenset[str]:
-    """The linear layers that gather their input in fp8 under sequence parallelism."""
-    return (frozenset(la.name for la in stage_job.model.layers
-                      if isinstance(la, Linear) and runs_in_fp8(la, stage_job))
-            if stage_job.numerics().matmul == "fp8" else frozenset())
-
-
-def _sent_bytes(job: ParallelJob, layers: tuple[Layer, ...], act: int) -> float:
-    """What a chunk sends to the next stage per microbatch: its last layer's output."""
-    out = float(layers[-1].out_elements * job.parallel.microbatch_size * act)
-    if job.parallel.sequence_parallel:
-        out /= job.parallel.tensor  # stages exchange the sequence-split hidden states
-    return out
-
-
-def _chunk_plan(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
-                shape: tuple[Any, ...], job: ParallelJob, cal: Calibration,
-                host_per_op: float, cache: dict[Any, Any]) -> ChunkPlan:
-    """A chunk costed whole, layer step by layer step."""
-    stage_job = _stage_job(job, index, layers)
-    ops = _chunk_ops(stage_job, signature, shape, cal, cache)
-    by_name = {la.name: la for la in layers}
-    fwd = [op for op in ops if op[2] == "forward"]
-    bwd = [op for op in ops if op[2] != "forward"]
-    act = stage_job.numerics().act_bytes
-    queue = Queue()  # a microbatch's backward follows its forward on the same host
-    fp8 = _fp8_layers(stage_job)
-    groups = pass_groups(job)
-    forward = pass_work(pass_terms(fwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
-                    cal, queue)
-    backward = pass_work(pass_terms(bwd, by_name, job, cal, host_per_op, act, fp8, groups), job,
-                     cal, queue)
-    kept, working = activation_split(stage_job)
-    blocks: dict[str, int] = {}
-    for la in layers:
-        blocks[la.block or la.name] = blocks.get(la.block or la.name, 0) + la.params
-    return ChunkPlan(index, layers, forward, backward, _sent_bytes(job, layers, act), kept,
-                     working, sum(la.params for la in layers), job.trainable_params(layers),
-                     max(blocks.values()), forward.flops + backward.flops,
-                     grad_ready(bwd, by_name, job)[0])
-
-
-# A chunk of at least three identical blocks is assembled from a template of three of them
-# (see _template), costed once and shared with chunks of other sizes; a chunk of two is
-# assembled where a larger one left its template, and one of a single block costed whole.
-TEMPLATE_BLOCKS = 3
-
-
-@dataclass(frozen=True)
-class _Part:
-    """What one part of a chunk (its leading layers, a block, its trailing layers) adds to
-    the chunk's plan, costed where it sits."""
-
-    forward: PassTerms
-    backward: PassTerms
-    kept: tuple[float, ...]  # activations it keeps for backward, entry by entry
-    params: int
-    trainable_params: int
-    # its gradients as ChunkPlan.grad_ready counts them, and the kernel seconds after them
-    grad_ready: tuple[tuple[float, int, bool], ...]
-    grad_rest: float
-
-
-@dataclass(frozen=True)
-class _Template:
-    """A chunk's parts, costed once on the chunk's leading layers, three of its blocks and
-    its trailing layers: the leading layers, the first block (whose neighbour before it
-    differs), a later block (the second and third cost alike, checked), and the trailing
-    layers. A chunk of any number of those blocks is these parts put together."""
-
-    lead: _Part
-    first: _Part
-    block: _Part
-    tail: _Part
-    working_bytes: float
-    largest_block_params: int
-    act_bytes: int
-
-
-def _template(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...],
-              layout: _Layout, shape: tuple[Any, ...], job: ParallelJob, cal: Calibration,
-              host_per_op: float, cache: dict[Any, Any]) -> _Template | None:
-    """The parts of a chunk of identical blocks (``layout``), from three of them; None where
-    the parts do not come apart in order or the second and third blocks differ (the chunk
-    is then costed whole)."""
-    size = layout.lead + 3 * layout.block
-    keep = list(range(size)) + list(range(len(layers) - layout.tail, len(layers)))
-    t_layers = tuple(layers[i] for i in keep)
-    t_signature = tuple(signature[i] for i in keep)
-    part_of = {la.name: (0 if i < layout.lead else 4 if i >= size
-                         else 1 + (i - layout.lead) // layout.block)
-               for i, la in enumerate(t_layers)}
-    stage_job = _stage_job(job, index, t_layers)
-    ops = _chunk_ops(stage_job, t_signature, shape, cal, cache)
-    by_name = {la.name: la for la in t_layers}
-    act = stage_job.numerics().act_bytes
-    fp8 = _fp8_layers(stage_job)
-    groups = pass_groups(job)
-
-    def runs_of(pass_ops: list[Costed], order: list[int]) -> list[list[Costed]] | None:
-        """The pass's ops part by part, where they run part after part in ``order``."""
-        runs: list[list[Costed]] = [[] for _ in range(5)]
-        at = 0
-        for op in pass_ops:
-            part = part_of.get(op[0], -1)
-            if part not in order[at:]:
-                return None  # not one of the parts, or one that already ran
-            at = order.index(part)
-            runs[part].append(op)
-        return runs
-
-    def parts(runs: list[list[Costed]] | None) -> list[PassTerms] | None:
-        return None if runs is None else [
-            pass_terms(run, by_name, job, cal, host_per_op, act, fp8, groups) for run in runs]
-
-    forward = parts(runs_of([op for op in ops if op[2] == "forward"], [0, 1, 2, 3, 4]))
-    backward_runs = runs_of([op for op in ops if op[2] != "forward"], [4, 3, 2, 1, 0])
-    backward = parts(backward_runs)
-    entries, working = activations_by_layer(stage_job)
-    block_part = {la.block: part_of[la.name] for la in t_layers if la.block}
-    kept: list[list[float]] = [[] for _ in range(5)]
-    order = []
-    for name, value in entries.items():
-        part = part_of.get(name, block_part.get(name.removesuffix(".input"), -1))
-        order.append(part)
-        if part >= 0:
-            kept[part].append(value)
-    if (forward is None or backward is None or -1 in order or order != sorted(order)
-            or any(not isinstance(la.params, int) for la in t_layers)):
-        return None
-    assert backward_runs is not None
-    pieces = []
-    for k in range(5):
-        members = [la for la in t_layers if part_of[la.name] == k]
-        pieces.append(_Part(forward[k], backward[k], tuple(kept[k]),
-                            sum(la.params for la in members), job.trainable_params(members),
-                            *grad_ready(backward_runs[k], by_name, job)))
-    if pieces[2] != pieces[3]:
-        return None
-    blocks: dict[str, int] = {}
-    for la in t_layers:
-        blocks[la.block or la.name] = blocks.get(la.block or la.name, 0) + la.params
-    return _Template(pieces[0], pieces[1], pieces[2], pieces[4], working,
-                     max(blocks.values()), act)
-
-
-def _assembled(t: _Template, index: int, layers: tuple[Layer, ...], blocks: int,
-               job: ParallelJob, cal: Calibration) -> ChunkPlan:
-    """A chunk of ``blocks`` blocks (two or more) put together from its template's parts,
-    term by term in the order the chunk runs them."""
-    rest = blocks - 1
-    queue = Queue()
-    forward = pass_work(joined([t.lead.forward, t.first.forward]
-                            + [t.block.forward] * rest + [t.tail.forward]), job, cal, queue)
-    backward = pass_work(joined([t.tail.backward] + [t.block.backward] * rest
-                             + [t.first.backward, t.lead.backward]), job, cal, queue)
-    kept = sum(itertools.chain(t.lead.kept, t.first.kept,
-                               itertools.chain.from_iterable([t.block.kept] * rest),
-                               t.tail.kept))
-    params = t.lead.params + t.first.params + rest * t.block.params + t.tail.params
-    trainable = (t.lead.trainable_params + t.first.trainable_params
-                 + rest * t.block.trainable_params + t.tail.trainable_params)
-    # the parts' gradients in the order backward runs them, each part's kernels after its
-    # last gradient added to the next part's first (parts hold different blocks)
-    ready: list[tuple[float, int, bool]] = []
-    carry = 0.0
-    for part in [t.tail] + [t.block] * rest + [t.first, t.lead]:
-        entries = list(part.grad_ready)
-        if entries and carry:
-            entries[0] = (carry + entries[0][0], *entries[0][1:])
-        ready += entries
-        carry = part.grad_rest if entries else carry + part.grad_rest
-    return ChunkPlan(index, layers, forward, backward, _sent_bytes(job, layers, t.act_bytes),
-                     kept, t.working_bytes, params, trainable, t.largest_block_params,
-                     forward.flops + backward.flops, tuple(ready))
 
 
 def _optimizer_costs(job: ParallelJob, layers: tuple[Layer, ...], cal: Calibration
@@ -501,12 +211,12 @@ def _placed_chunks(job: ParallelJob, cal: Calibration, host_per_op: float,
                 block = signature[layout.lead:layout.lead + layout.block]
                 t_key = ("template", shape, min(index, 1), lead, block, tail)
                 if t_key not in cache and layout.blocks >= TEMPLATE_BLOCKS:
-                    cache[t_key] = _template(index, layers, signature, layout, shape, job,
+                    cache[t_key] = chunk_template(index, layers, signature, layout, shape, job,
                                              cal, host_per_op, cache)
                 template = cache.get(t_key)
-            cache[key] = (_assembled(template, index, layers, layout.blocks, job, cal)
+            cache[key] = (assembled_chunk(template, index, layers, layout.blocks, job, cal)
                           if template is not None else
-                          _chunk_plan(index, layers, signature, shape, job, cal, host_per_op,
+                          chunk_plan(index, layers, signature, shape, job, cal, host_per_op,
                                       cache))
         c = cache[key]  # placed: its index and layers
         plans.append(replace(c, index=index, layers=layers))

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 import simpy
 
-from gpusim.plan.parallel import DDP_BUCKET_BYTES, ChunkPlan
+from gpusim.plan.chunk import ChunkPlan
+from gpusim.plan.parallel import DDP_BUCKET_BYTES
 from gpusim.plan.parallel_job import ParallelConfig
 from gpusim.sim.calls import Call, Gates, Then
 from gpusim.sim.trace import TraceEvent, trace_event
