@@ -114,7 +114,7 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     overhead = units.us(cal.overhead.kernel_us)
     if op.kind == "memory":
         peak, unit = device.peak_flops("fp32", matrix=False)
-        compute_s = op.flops / (peak * cal.gemm_efficiency("fp32"))
+        compute_s = math_s = op.flops / (peak * cal.gemm_efficiency("fp32"))
         ramp = units.us(cal.memory.ramp_us)
     else:
         peak, unit = device.peak_flops(op.math, matrix=True)  # type: ignore[arg-type]
@@ -151,14 +151,16 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                 if op.gemm.layout != "nn":
                     eff *= g.layout_factors.get(op.gemm.layout, 1.0)  # type: ignore[call-overload]
         compute_s = op.flops / (peak * eff * _clock_factor(device, cal))
+        math_s = compute_s
         if op.kind == "gemm" and cal.gemm.epilogue_exposed:
             # The result's write overlaps the main loop only in part: the shorter of the
-            # two is paid again by its exposed share (a short K writes as long as it computes).
+            # two is paid again by its exposed share (a short K writes as long as it computes),
+            # with the memory busy writing it.
             write_s = op.written / bandwidth
             compute_s = (max(compute_s, memory_s)
                          + cal.gemm.epilogue_exposed * min(compute_s, write_s))
         ramp = units.us(cal.gemm.ramp_us)
-    bound: Literal["compute", "memory"] = "compute" if compute_s >= memory_s else "memory"
+    bound: Literal["compute", "memory"] = "compute" if math_s >= memory_s else "memory"
     seconds = max(compute_s, memory_s) + ramp + overhead + first_touch_cost(op, cal)
     achieved = op.flops / (seconds * peak) if op.flops else 0.0
     return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved)
