@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -139,6 +140,39 @@ def test_expert_parallelism_can_fold_over_tensor_parallel_ranks() -> None:
                if isinstance(la, MoE))
     # every expert whole, one of the 16 on each rank, over the rank's half of the tokens
     assert (moe.ffn, moe.held, moe.rows) == (2816, 1, 2048 // 2)
+
+
+def test_expert_tensor_parallelism_as_the_framework_sets_it() -> None:
+    """--etp (Megatron-LM's --expert-tensor-parallel-size) below TP folds EP over tensor x
+    data ranks even where EP fits inside DP: EP 8 over TP 4 x DP 2 on one node, each expert
+    whole, where the default (expert TP = TP) strides EP across four nodes' worth of ranks."""
+    from gpusim.plan.parallel_job import ParallelConfig
+    from gpusim.plan.pass_cost import expert_group
+
+    given = ParallelConfig(tensor=4, data=8, expert=8, expert_tensor_size=1,
+                           sequence_parallel=True)
+    assert (given.expert_tensor, given.expert_data) == (1, 4)
+    derived = ParallelConfig(tensor=4, data=8, expert=8, sequence_parallel=True)
+    assert (derived.expert_tensor, derived.expert_data) == (4, 1)
+    with pytest.raises(InvalidConfig, match="--etp"):
+        ParallelConfig(tensor=4, data=8, expert=8, expert_tensor_size=3, sequence_parallel=True)
+    with pytest.raises(InvalidConfig, match="--etp"):
+        ParallelConfig(tensor=4, data=4, expert=8, expert_tensor_size=4,
+                       sequence_parallel=True)
+    kw: dict[str, Any] = {"precision": "bf16", "num_gpus": 32, "tp": 4, "ep": 8,
+                          "sequence_parallel": True, "microbatch_size": 1,
+                          "system": "dgx-h100"}
+    folded, _ = build_job(_small_moe(experts=16), "h100-sxm", 8, etp=1, **kw)
+    spread, _ = build_job(_small_moe(experts=16), "h100-sxm", 8, **kw)
+    assert isinstance(folded, ParallelJob) and isinstance(spread, ParallelJob)
+    assert expert_group(folded).num_nodes == 1 < expert_group(spread).num_nodes
+    moe = next(la for c in plan_parallel(folded).stages[0].chunks for la in c.layers
+               if isinstance(la, MoE))
+    assert (moe.ffn, moe.held, moe.rows) == (2816, 2, 2048 // 4)
+    fast = estimate(_small_moe(experts=16), "h100-sxm", 8, etp=1, **kw).step
+    slow = estimate(_small_moe(experts=16), "h100-sxm", 8, **kw).step
+    assert (fast.breakdown_s["expert_parallel_comm"]
+            < slow.breakdown_s["expert_parallel_comm"])
 
 
 def test_model_chunks_can_hold_uneven_blocks() -> None:

@@ -139,7 +139,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "precision": args.precision, "seq_len": args.seq_len, "grad_accum": args.grad_accum,
         "optimizer": args.optimizer, "checkpointing": args.checkpointing, "frozen": frozen,
         "loader_workers": args.loader_workers, "num_gpus": num_gpus, "system": args.system,
-        "tp": args.tp, "pp": args.pp, "dp": args.dp, "cp": args.cp, "ep": args.ep,
+        "tp": args.tp, "pp": args.pp, "dp": args.dp, "cp": args.cp, "ep": args.ep, "etp": args.etp,
         "microbatch_size": args.microbatch_size,
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "pp_layers": args.pp_layers or (), "shard_group": args.shard_group or 0,

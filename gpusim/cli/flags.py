@@ -183,6 +183,11 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="overlap tensor-parallel collectives with the products beside them, "
                            "in chunks (Megatron-LM's --tp-comm-overlap, PyTorch's async TP; "
                            "needs --sequence-parallel)")
+    many.add_argument("--etp", type=numbers.count, default=0,
+                      help="expert tensor parallelism: tensor-parallel GPUs that split each "
+                           "expert (Megatron-LM's --expert-tensor-parallel-size); fewer than "
+                           "--tp folds EP over tensor x data GPUs, innermost first (default: "
+                           "TP while EP fits inside data parallelism)")
     many.add_argument("--ep-overlap", action="store_true",
                       help="run expert-parallel all-to-alls beside another microbatch's "
                            "compute (Megatron-LM's --overlap-moe-expert-parallel-comm; needs "

@@ -128,6 +128,7 @@ def build_job(
     dp: int | None = None,
     cp: int = 1,
     ep: int = 1,
+    etp: int = 0,
     microbatch_size: int | None = None,
     schedule: str = "1f1b",
     virtual_stages: int = 1,
@@ -216,7 +217,7 @@ def build_job(
                              schedule=schedule, virtual_stages=virtual_stages, zero=zero,
                              stage_blocks=tuple(pp_layers), shard_group=shard_group,
                              sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
-                             ep_overlap=ep_overlap,
+                             ep_overlap=ep_overlap, expert_tensor_size=etp,
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, _precision(precision, topo.gpu),
                        optimizer, checkpointing,

@@ -69,6 +69,10 @@ class ParallelConfig:
     # Tensor-parallel collectives split into chunks and run beside the products they feed or
     # follow (Megatron-LM's --tp-comm-overlap, PyTorch's async TP); needs sequence parallelism
     tp_overlap: bool = False
+    # Tensor-parallel ranks that split each expert (Megatron-LM's --expert-tensor-parallel-size;
+    # 0: TP itself while EP fits inside the data-parallel ranks, else what EP leaves of TP).
+    # Fewer than TP folds EP over tensor x data ranks, innermost first (MoE parallel folding).
+    expert_tensor_size: int = 0
     # Expert-parallel all-to-alls of one microbatch run on their own stream beside another
     # microbatch's compute (Megatron-LM's --overlap-moe-expert-parallel-comm, its combined
     # 1F1B schedule): what a pass's compute cannot cover stays exposed
@@ -111,6 +115,13 @@ class ParallelConfig:
                 f"expert parallelism {self.expert} neither divides the {self.data} "
                 f"data-parallel ranks nor spans tensor x data ranks (TP {self.tensor} x DP "
                 f"{self.data}); pick an EP that does")
+        if self.expert_tensor_size and (self.tensor % self.expert_tensor_size
+                                        or (self.tensor * self.data)
+                                        % (self.expert * self.expert_tensor_size)):
+            raise InvalidConfig(
+                f"expert tensor parallelism {self.expert_tensor_size} must divide TP "
+                f"{self.tensor}, and EP {self.expert} x it must divide TP x DP "
+                f"({self.tensor * self.data}); pick an --etp that does")
         if self.expert_tensor < self.tensor and not self.sequence_parallel:
             raise InvalidConfig(f"EP {self.expert} over tensor-parallel ranks splits the "
                                 f"tokens between them: it needs --sequence-parallel")
@@ -147,7 +158,10 @@ class ParallelConfig:
     def expert_tensor(self) -> int:
         """Tensor-parallel ranks that split each expert: TP itself while EP fits inside the
         data-parallel ranks; fewer when EP also spans tensor-parallel ranks (Megatron-LM's
-        MoE parallel folding, expert_tensor_parallel_size), 1 when it spans them all."""
+        MoE parallel folding, expert_tensor_parallel_size), 1 when it spans them all; or
+        as given (expert_tensor_size)."""
+        if self.expert_tensor_size:
+            return self.expert_tensor_size
         if self.expert <= self.data:
             return self.tensor
         return self.tensor * self.data // self.expert
@@ -172,6 +186,8 @@ class ParallelConfig:
             text += f" ({self.virtual_stages} virtual stages)"
         if self.expert > 1:
             text += f", EP {self.expert}"
+            if self.expert_tensor_size:
+                text += f" (expert TP {self.expert_tensor_size})"
         if self.zero:
             text += f", ZeRO-{self.zero}"
         if self.shard_group and self.shard_group < self.data:

@@ -268,8 +268,9 @@ def host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
 
 
 def expert_group(job: ParallelJob) -> CommGroup:
-    """The ranks that exchange tokens: adjacent data-parallel ranks, or, when EP spans
-    tensor-parallel ranks too, adjacent ranks from the innermost."""
+    """The ranks that exchange tokens: adjacent data-parallel ranks, or, when EP folds over
+    tensor-parallel ranks too (experts split over fewer ranks than TP), adjacent ranks from
+    the innermost."""
     p = job.parallel
-    stride = p.tensor if p.expert <= p.data else 1
+    stride = p.tensor if p.expert <= p.data and p.expert_tensor == p.tensor else 1
     return job.topology.place(p.expert, stride=stride)

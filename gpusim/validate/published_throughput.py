@@ -200,6 +200,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
     }
     if int(p.get("dp_shard", 1)) > 1 and int(p.get("dp_replicate", 1)) > 1:
         kwargs["shard_group"] = int(p["dp_shard"])  # hybrid sharding (HSDP)
+    if p.get("etp"):  # Megatron's expert tensor parallel size, where the source states it
+        kwargs["etp"] = int(p["etp"])
     if ep > 1 and ("a2a_overlap true" in other or "a2a_overlap" in case["id"]):
         kwargs["ep_overlap"] = True  # Megatron's --overlap-moe-expert-parallel-comm
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
@@ -224,8 +226,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         if blocks % chunks:
             kwargs["pp_layers"] = tuple(int(b) for b in uneven_split(blocks, chunks).split(","))
             flags.append("stage split assumed")
-    if name == "megatron":
-        kwargs.update(zero=1)
+    if name == "megatron" and int(p.get("dp_shard", 1)) <= 1:
+        kwargs.update(zero=1)  # the distributed optimizer; Megatron-FSDP (dp_shard) is ZeRO-3
         if vp > 1:
             kwargs.update(schedule="interleaved", virtual_stages=vp)
         blocks, chunks = int(case["model"]["layers"]), pp * vp
