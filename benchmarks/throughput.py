@@ -43,14 +43,15 @@ def main() -> None:
             print(f"  {key:<60} measured {m:.2f}x  predicted {p:.2f}x  ({p / m - 1:+.1%})")
 
 
-    for key, label in (("architecture", "GPU architecture"), ("stack", "stack")):
+    for key, label in (("architecture", "GPU architecture"), ("stack", "stack"),
+                       ("layout", "layout")):
         print(f"\nBy {label} (every predicted case; 'as ran': those without an assumption):")
-        print(f"  {label:<22}{'cases':>6}{'mean signed':>13}{'MAE':>8}{'as ran':>8}"
-              f"{'signed':>9}")
+        print(f"  {label:<22}{'cases':>6}{'mean signed':>13}{'MAE':>8}{'<=15%':>7}"
+              f"{'as ran':>8}{'signed':>9}")
         for name, g in by_group(rows, key).items():
             ran = f"{g['as_ran_signed']:>+9.1%}" if g["as_ran"] else f"{'':>9}"
             print(f"  {name:<22}{g['cases']:>6}{g['mean_signed']:>+13.1%}{g['mape']:>8.1%}"
-                  f"{g['as_ran']:>8}{ran}")
+                  f"{g['within_15']:>7}{g['as_ran']:>8}{ran}")
 
 
 if __name__ == "__main__":

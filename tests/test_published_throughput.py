@@ -17,8 +17,10 @@ from gpusim.validate.published_throughput import RECOMPUTE, load_cases, predict_
 # the power fit's static power, which puts 500 W at the measured 0.87 of the clock); only ever
 # tightened for the same cases. 2026-11-24: those 29 cases at 13.6% (attention fitted across
 # sequence lengths), then torchao's float8 tables added 3 H100 rows that run as stated and
-# are 18-31% fast: 32 cases at 14.53%, the budget set for them.
-EAGER_MAPE_BUDGET = 0.146
+# are 18-31% fast: 32 cases at 14.53%, the budget set for them. Later that day: 13.6% with a
+# product's exposed result write and fp8's byte counts, then 33 cases at 13.62% with the
+# Megatron-MoE-ModelZoo's Qwen3-235B over Megatron-FSDP (+14.6%).
+EAGER_MAPE_BUDGET = 0.137
 
 
 def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:
@@ -89,11 +91,14 @@ def test_the_report_splits_errors_by_architecture_and_stack() -> None:
 
     rows = [predict_case(c) for c in load_cases()]
     predicted = [r for r in rows if r.error is not None]
-    for key in ("architecture", "stack"):
+    for key in ("architecture", "stack", "layout"):
         groups = by_group(rows, key)
         assert sum(g["cases"] for g in groups.values()) == len(predicted)
         assert sum(g["as_ran"] for g in groups.values()) == summary(rows)["cases"]
     assert {"hopper", "cdna3", "ampere"} <= set(by_group(rows, "architecture"))
+    layouts = by_group(rows, "layout")
+    assert {"MoE, PP > 1", "MoE, no PP", "dense, CP > 1", "dense, no CP"} <= set(layouts)
+    assert all(0 <= g["within_15"] <= g["cases"] for g in layouts.values())
     cdna3 = [r.error for r in predicted if r.architecture == "cdna3"]
     assert by_group(rows, "architecture")["cdna3"]["mean_signed"] == pytest.approx(
         sum(cdna3) / len(cdna3))
