@@ -101,6 +101,8 @@ def test_a_short_k_product_pays_the_write_its_main_loop_does_not_hide(h100: GPUP
     assert short.written == 2 * 98304 * 4096
     assert paid.seconds - plain.seconds == pytest.approx(
         exposed * min(plain.compute_s, write), rel=1e-6)
+    assert paid.exposed_write_s == pytest.approx(paid.seconds - plain.seconds, rel=1e-6)
+    assert plain.exposed_write_s == 0.0
     assert paid.seconds / plain.seconds > 1.2
     assert kernel_cost(long, h100, cal).seconds / kernel_cost(
         long, h100, roofline).seconds < 1.06

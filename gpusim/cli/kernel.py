@@ -136,6 +136,10 @@ def run_kernel(args: argparse.Namespace) -> int:
     print(f"  moved            {result.achieved_gb_s:>10.1f} GB/s")
     peak = "the unit's peak FLOP/s" if result.bound == "compute" else "the memory bandwidth"
     print(f"  bound            {result.bound:>12}  at {result.efficiency:.1%} of {peak}")
+    if result.exposed_write_s:
+        print(f"  result write     {units.human_seconds(result.exposed_write_s):>12}  of it "
+              f"not hidden by the main loop (a product writes its result after its last K "
+              f"step)")
     if result.measured_s is not None and result.error is not None:
         print(f"  measured         {units.human_seconds(result.measured_s):>12}  "
               f"({result.measured_in}); the prediction is {result.error:+.1%} off it")

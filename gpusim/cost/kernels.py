@@ -34,6 +34,7 @@ class KernelCost:
     bound: Literal["compute", "memory"]
     unit: str  # "matrix" (tensor cores, AMX) or "vector"
     efficiency: float  # achieved fraction of the unit's peak, ramp and overhead included
+    exposed_write_s: float = 0.0  # a product's result write its main loop does not hide
 
 
 def quantization_efficiency(shape: GemmShape, device: GPUProfile, cal: Calibration) -> float:
@@ -115,6 +116,7 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     if op.kind == "memory":
         peak, unit = device.peak_flops("fp32", matrix=False)
         compute_s = math_s = op.flops / (peak * cal.gemm_efficiency("fp32"))
+        exposed = 0.0
         ramp = units.us(cal.memory.ramp_us)
     else:
         peak, unit = device.peak_flops(op.math, matrix=True)  # type: ignore[arg-type]
@@ -152,18 +154,19 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                     eff *= g.layout_factors.get(op.gemm.layout, 1.0)  # type: ignore[call-overload]
         compute_s = op.flops / (peak * eff * _clock_factor(device, cal))
         math_s = compute_s
+        exposed = 0.0
         if op.kind == "gemm" and cal.gemm.epilogue_exposed:
             # The result's write overlaps the main loop only in part: the shorter of the
             # two is paid again by its exposed share (a short K writes as long as it computes),
             # with the memory busy writing it.
             write_s = op.written / bandwidth
-            compute_s = (max(compute_s, memory_s)
-                         + cal.gemm.epilogue_exposed * min(compute_s, write_s))
+            exposed = cal.gemm.epilogue_exposed * min(compute_s, write_s)
+            compute_s = max(compute_s, memory_s) + exposed
         ramp = units.us(cal.gemm.ramp_us)
     bound: Literal["compute", "memory"] = "compute" if math_s >= memory_s else "memory"
     seconds = max(compute_s, memory_s) + ramp + overhead + first_touch_cost(op, cal)
     achieved = op.flops / (seconds * peak) if op.flops else 0.0
-    return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved)
+    return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved, exposed)
 
 
 def memory_efficiency(n_bytes: float, cal: Calibration) -> float:

@@ -37,6 +37,7 @@ class KernelPrediction:
     calibration: str
     measured_s: float | None = None
     measured_in: str | None = None
+    exposed_write_s: float = 0.0  # of kernel_seconds: a product's result write not hidden
 
     @property
     def achieved_tflop_s(self) -> float:
@@ -56,7 +57,8 @@ class KernelPrediction:
                 "achieved_tflop_s": self.achieved_tflop_s, "achieved_gb_s": self.achieved_gb_s,
                 "bound": self.bound, "efficiency": self.efficiency,
                 "calibration": self.calibration, "measured_s": self.measured_s,
-                "measured_in": self.measured_in, "error": self.error}
+                "measured_in": self.measured_in, "error": self.error,
+                "exposed_write_s": self.exposed_write_s}
 
 
 def gemm_case(m: int, n: int, k: int, precision: str) -> dict[str, Any]:
@@ -140,4 +142,4 @@ def predict_kernel(case: dict[str, Any], device: DeviceProfile,
     return KernelPrediction(
         case["id"], device.name, seconds, sum(c.seconds for c in costs),
         sum(op.flops for op in ops), n_bytes, main.bound, efficiency, cal.name, measured,
-        where)
+        where, sum(c.exposed_write_s for c in costs))
