@@ -282,3 +282,29 @@ def test_megatron_recompute_modules_rerun_the_norm_and_activation_they_discard(
     discarding = estimate(**kw, checkpointing="selective:moe_act").step.breakdown_s
     assert discarding["expert_parallel_comm"] == pytest.approx(plain["expert_parallel_comm"])
     assert discarding["recompute"] > 0 == plain["recompute"]
+
+
+def test_fp8_experts_keep_one_byte_copies_of_their_inputs() -> None:
+    """Under fp8 with Transformer Engine (Megatron's stack), the experts' GroupedLinear keeps
+    the quantized copies of its inputs for the weight gradient, as its Linear does
+    (transformer_engine/pytorch/module/grouped_linear.py @d0067d0da: the saved inputmats
+    keep their column-wise fp8 data): the permuted copies and the activation a byte each."""
+    from gpusim.hardware.catalog import load_gpu
+    from gpusim.plan.autocast import layer_precisions
+    from gpusim.plan.job import TrainingJob
+    from gpusim.plan.memory import activations_by_layer
+    from gpusim.stack import load_stack
+
+    megatron = load_stack("megatron")
+    assert megatron.fp8_saved_input == "fp8" and megatron.fp8_experts
+    high = megatron.model_copy(update={"fp8_saved_input": "high"})
+    h100 = load_gpu("h100-sxm")
+    # Megatron's bf16 model with fp32 master copies, as its parallel jobs hold it
+    jobs = [TrainingJob(_small_moe(), h100, 2, "fp8", stack=stack, master_weights=True)
+            for stack in (megatron, high)]
+    kept_fp8, kept_high = (activations_by_layer(job)[0] for job in jobs)
+    moe = next(la for la in jobs[0].model.layers if isinstance(la, MoE))
+    num = layer_precisions(jobs[0])[moe.name].numerics
+    assert num.activation == "bf16" and num.matmul == "fp8"  # Megatron's bf16 model
+    assert kept_high[moe.name] - kept_fp8[moe.name] == pytest.approx(
+        moe.product_input_bytes(2, num) / 2)

@@ -240,6 +240,9 @@ def activations_by_layer(job: TrainingJob,
             size *= lay.input_shards
         if fp8_copy(lay):
             return size / num.act_bytes  # its fp8 copy, a byte each
+        if fp8_input and isinstance(lay, MoE) and num.matmul == "fp8":
+            # Transformer Engine's GroupedLinear keeps its quantized inputs too
+            return size - lay.product_input_bytes(n, num) * (1 - 1 / num.act_bytes)
         return size
 
     n = job.microbatch_size

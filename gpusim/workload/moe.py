@@ -202,6 +202,15 @@ class MoE(Layer):
             kept += t * (self._shared_up + self.shared_ffn) * a
         return float(kept)
 
+    def product_input_bytes(self, n: int, num: Numerics) -> float:
+        """What saved_bytes keeps of the experts' products' own inputs (the permuted copies
+        into the up projection, the activation into the down one, and the shared experts'
+        activation): the part an fp8 product keeps as a one-byte copy instead."""
+        kept = self._routed(n) * (self.hidden + self.ffn)
+        if self.shared_ffn:
+            kept += n * self.rows * self.shared_ffn
+        return float(kept * num.act_bytes)
+
     def activation_bytes(self, n: int, num: Numerics) -> float:
         """The routed experts' activation output it keeps (the down product's input)."""
         return float(self._routed(n) * self.ffn * num.act_bytes)
