@@ -299,7 +299,9 @@ def test_fp8_experts_keep_one_byte_copies_of_their_inputs() -> None:
     assert megatron.fp8_saved_input == "fp8" and megatron.fp8_experts
     high = megatron.model_copy(update={"fp8_saved_input": "high"})
     h100 = load_gpu("h100-sxm")
-    # Megatron's bf16 model with fp32 master copies, as its parallel jobs hold it
+    # Megatron's bf16 model with fp32 master copies, on one GPU as in its parallel jobs
+    one, _ = build_job(_small_moe(), "h100-sxm", 2, precision="fp8", stack="megatron")
+    assert isinstance(one, TrainingJob) and one.master_weights
     jobs = [TrainingJob(_small_moe(), h100, 2, "fp8", stack=stack, master_weights=True)
             for stack in (megatron, high)]
     kept_fp8, kept_high = (activations_by_layer(job)[0] for job in jobs)

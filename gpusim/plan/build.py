@@ -196,6 +196,9 @@ def build_job(
         job = TrainingJob(net, device, batch_size, _precision(precision, device), grad_accum,
                           optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
+                          # a stack that holds 16-bit weights with fp32 master copies
+                          # (Megatron-LM's) does so on one GPU too, as its parallel jobs do
+                          master_weights=framework.weights == "master" and not pure_bf16,
                           stack=framework, offload=offload, quantized_base=quantized,
                           adapters_only=finetune != "full", fp8_recipe=fp8_recipe,
                           optimizer_in_backward=optimizer_in_backward,
