@@ -106,8 +106,10 @@ def test_models_quick_suite_times_steps_and_layers(tmp_path: Path) -> None:
     phases = case["phases"]
     assert list(phases) == ["zero_grad", "forward", "backward", "optimizer"]
     assert all(p["repeats"] == case["step"]["repeats"] for p in phases.values())
-    total = sum(p["median_s"] for p in phases.values())
-    assert 0.5 * case["step"]["median_s"] < total < 2 * case["step"]["median_s"]
+    # the undisturbed samples (p10) add up: medians of a few repeats move apart when another
+    # process shares the two cores
+    total = sum(p["p10_s"] for p in phases.values())
+    assert 0.5 * case["step"]["p10_s"] < total < 2 * case["step"]["p10_s"]
     assert data["switches"]["tied_weights"] is True
 
 
