@@ -343,3 +343,23 @@ def test_the_h100_fit_predicts_the_h200s_short_k_products() -> None:
     assert len(short) == 6
     for case in short:
         assert predict(case, h200, cal) / case["median_s"] - 1 == pytest.approx(0, abs=0.10)
+
+
+# The H200's GEMMs that the device paces (graph replays, or loop-timed past 40 us),
+# predicted from the H100's fit with no H200 data in it: 8.3% mean error before the
+# result write was modelled, 6.2% with it and fp8's byte counts (2026-11-24). The
+# cross-GPU test of issue 15; only ever tightened.
+H200_GEMM_MAPE_BUDGET = 0.066
+
+
+def test_the_h100_fit_predicts_the_h200s_gemms_within_budget() -> None:
+    from gpusim.calibrate.micro_ops import kernel_timed
+
+    h200 = load_device("h200")
+    cal = calibration_for(h200)
+    cases = [c for c in results.load(results.measurements_dir() / "h200" / "micro.json",
+                                     suite="micro")["cases"]
+             if c["kind"] == "gemm" and (kernel_timed(c) or c["median_s"] >= 40e-6)]
+    assert len(cases) >= 60
+    errors = [abs(predict(c, h200, cal) / c["median_s"] - 1) for c in cases]
+    assert sum(errors) / len(errors) <= H200_GEMM_MAPE_BUDGET
