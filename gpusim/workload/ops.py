@@ -17,15 +17,6 @@ OpKind = Literal["gemm", "conv", "attention", "memory"]
 Phase = Literal["forward", "backward", "optimizer", "recompute"]
 
 # Bytes per element of each storage type.
-# The type an fp8 product writes its result in: torch._scaled_mm as the micro suite calls
-# it (out_dtype=torch.bfloat16) and Transformer Engine's and torchao's fp8 linear layers.
-FP8_RESULT = "bf16"
-
-
-def result_bytes(math: str) -> int:
-    """Bytes per element of a product's result in precision ``math`` (fp8's is 16-bit)."""
-    return DTYPE_BYTES[FP8_RESULT if math == "fp8" else math]
-
 DTYPE_BYTES: dict[str, int] = {
     "fp64": 8,
     "fp32": 4,
@@ -36,6 +27,15 @@ DTYPE_BYTES: dict[str, int] = {
     "int8": 1,
     "int64": 8,
 }
+
+# The type an fp8 product writes its result in: torch._scaled_mm as the micro suite calls
+# it (out_dtype=torch.bfloat16) and Transformer Engine's and torchao's fp8 linear layers.
+FP8_RESULT = "bf16"
+
+
+def result_bytes(math: str) -> int:
+    """Bytes per element of a product's result in precision ``math`` (fp8's is 16-bit)."""
+    return DTYPE_BYTES[FP8_RESULT if math == "fp8" else math]
 
 
 # Math precisions that run on tensor cores (or a CPU's matrix units).
