@@ -56,8 +56,8 @@ def megatron() -> None:
               f"{r.gpusim_other / gib:7.2f}")
     print("states: Megatron counts 18 bytes a parameter; these fp16 runs keep fp16 gradients "
           "(16 bytes), as Megatron-LM does for fp16, and gpusim counts the learned position "
-          "table the formula leaves out. +other: transient buffers, library workspaces and "
-          "the CUDA context, which the formula leaves out too.")
+          "table the formula leaves out. +other: transient buffers, library workspaces, the "
+          "CUDA context and NCCL's communicators, which the formula leaves out too.")
 
 
 if __name__ == "__main__":

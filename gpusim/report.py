@@ -168,7 +168,7 @@ class TrainingEstimate(BaseModel):
             + (" per GPU" if self.num_gpus > 1 else "") + " allocated"
             + (f", {units.human_bytes(s.peak_reserved_bytes)} reserved"
                if s.peak_reserved_bytes else "")
-            + (f", {units.human_bytes(s.memory_free_bytes)} free"
+            + (_free(s.memory_free_bytes)
                if s.memory_free_bytes is not None and self.device_is_gpu else "")
             + " (gpusim memory: its parts)",
             f"  MFU              {100 * s.mfu:>13.1f} % of {s.peak_flops / 1e12:,.4g} TFLOP/s "
@@ -190,3 +190,12 @@ class TrainingEstimate(BaseModel):
         lines += ["", f"  calibration: {self.calibration}", "  assumptions:"]
         lines += [f"    - {a}" for a in self.assumptions]
         return "\n".join(lines)
+
+
+def _free(free_bytes: float) -> str:
+    """What a GPU has left at the peak; a job that fits only if it fragments less than most
+    is short of it at the median."""
+    if free_bytes >= 0:
+        return f", {units.human_bytes(free_bytes)} free"
+    return (f", {units.human_bytes(-free_bytes)} short at the median fragmentation "
+            "(fits, tightly)")

@@ -5,6 +5,7 @@ short (issue 14)."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -14,7 +15,12 @@ from gpusim.errors import OutOfMemory
 from gpusim.estimation import build_job, estimate
 from gpusim.explore.values import with_fields
 from gpusim.hardware.catalog import load_gpu
-from gpusim.plan.memory import STRANDED_AT_OOM, STRANDED_UPPER_QUARTILE, memory_plan
+from gpusim.plan.memory import (
+    STRANDED_AT_OOM,
+    STRANDED_LOWER_QUARTILE,
+    STRANDED_UPPER_QUARTILE,
+    memory_plan,
+)
 from gpusim.plan.memory_report import memory_report
 
 OOM_MESSAGES = data_dir("measurements") / "published" / "oom_fragmentation.yaml"
@@ -33,8 +39,25 @@ def test_the_stranded_fraction_is_the_median_of_the_published_oom_messages() -> 
     ratios = _stranded_ratios()
     assert len(ratios) >= 20
     assert pytest.approx(statistics.median(ratios), abs=5e-4) == STRANDED_AT_OOM
-    upper = statistics.quantiles(ratios, n=4, method="inclusive")[2]
+    lower, _, upper = statistics.quantiles(ratios, n=4, method="inclusive")
+    assert pytest.approx(lower, abs=5e-5) == STRANDED_LOWER_QUARTILE
     assert pytest.approx(upper, abs=5e-4) == STRANDED_UPPER_QUARTILE
+
+
+@pytest.mark.parametrize(("stranded", "fits", "tight"), [
+    (0.003, False, False),  # short even if it fragments less than three runs in four
+    (0.010, True, True),  # short at the median, fits below it: tight, not refused
+    (0.040, True, True),  # fits at the median, not at the upper quartile
+    (0.070, True, False),
+])
+def test_a_job_is_refused_only_when_it_would_not_fit_fragmenting_little(
+        stranded: float, fits: bool, tight: bool) -> None:
+    job, _ = build_job("gpt2", "h100-sxm", 8, precision="bf16")
+    plan = memory_plan(job)
+    room = replace(plan, capacity=plan.peak_bytes * (1 + stranded)
+                   + plan.outside_allocator_bytes)
+    assert (room.fits, room.tight) == (fits, tight)
+    assert (room.free_bytes < 0) == (stranded < STRANDED_AT_OOM)
 
 
 def test_a_job_needs_its_peak_what_is_stranded_and_the_context() -> None:

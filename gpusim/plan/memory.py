@@ -41,8 +41,10 @@ FRAMEWORK_RESERVED_BYTES = units.gib(0.75)
 # oom_fragmentation.yaml; quartiles 0.6% and 5.8%, a few runs strand far more);
 # tests/test_memory_fit.py recomputes it from that file.
 STRANDED_AT_OOM = 0.022
-# The upper quartile of the same: a job that fits with the median but not with this is
-# "tight", and fits or not by how its tensors fragment.
+# The quartiles of the same. A job that fits with the lower but not with the upper fits or
+# not by how its tensors fragment: it is "tight", and not refused (a published run that
+# trained may have been one that fragments little; search keeps it, flagged).
+STRANDED_LOWER_QUARTILE = 0.0057
 STRANDED_UPPER_QUARTILE = 0.058
 # What PyTorch's caching allocator reserves beyond the peak it hands out (fragmentation and
 # cached blocks), as a fraction of that peak: the median of max_memory_reserved /
@@ -98,6 +100,9 @@ class MemoryPlan:
     recompute_working: float = 0.0
     loss_transient: float = 0.0
     gathered: float = 0.0  # FSDP's gathered units (ZeRO-3), alive throughout the passes
+    # NCCL's communicators (gpusim.comm.nccl_memory): held outside PyTorch's caching
+    # allocator, like the framework's own, so never in the allocated peak
+    nccl_communicators: float = 0.0
     # Whether gradients are held when the backward pass starts: with one microbatch a step
     # they are created by that pass (zero_grad sets them to None), with accumulation they
     # hold the earlier microbatches' sums, and Megatron-LM's live in a persistent buffer.
@@ -150,7 +155,7 @@ class MemoryPlan:
         allocated peak and the allocator's reserve, which it gives back before it would
         fail, so never more than the device holds beside the framework's own."""
         return min(self.peak_bytes * (1 + self.allocator_reserve),
-                   max(self.peak_bytes, self.capacity - self.framework_reserved))
+                   max(self.peak_bytes, self.capacity - self.outside_allocator_bytes))
 
     @property
     def stranded_bytes(self) -> float:
@@ -159,19 +164,32 @@ class MemoryPlan:
         return self.peak_bytes * self.allocator_stranded
 
     @property
+    def outside_allocator_bytes(self) -> float:
+        """What the process holds beside PyTorch's caching allocator: the framework's own
+        (CUDA context, handles) and NCCL's communicators."""
+        return self.framework_reserved + self.nccl_communicators
+
+    @property
     def required_bytes(self) -> float:
         """The device memory the job needs: its allocated peak, what the allocator strands
-        beside it, and the framework's own (CUDA context, handles)."""
-        return self.peak_bytes + self.stranded_bytes + self.framework_reserved
+        beside it, and what the process holds outside the allocator."""
+        return self.peak_bytes + self.stranded_bytes + self.outside_allocator_bytes
 
     @property
     def usable_bytes(self) -> float:
         """What a process can allocate: ``capacity``, the driver's total."""
         return self.capacity
 
+    def _fits_stranding(self, share: float) -> bool:
+        """Whether the job fits when its allocator strands ``share`` of the peak."""
+        share = share if self.allocator_stranded else 0.0
+        return (self.peak_bytes * (1 + share) + self.outside_allocator_bytes
+                <= self.usable_bytes)
+
     @property
     def fits(self) -> bool:
-        return self.required_bytes <= self.usable_bytes
+        """Fits unless even a run that fragments little (the lower quartile) would not."""
+        return self._fits_stranding(STRANDED_LOWER_QUARTILE)
 
     @property
     def free_bytes(self) -> float:
@@ -180,9 +198,9 @@ class MemoryPlan:
 
     @property
     def tight(self) -> bool:
-        """Fits with the median stranded share but not with its upper quartile."""
-        more = STRANDED_UPPER_QUARTILE - STRANDED_AT_OOM if self.allocator_stranded else 0.0
-        return 0 <= self.free_bytes < self.peak_bytes * more
+        """Fits with the lower quartile's stranded share but not with the upper's: whether
+        it runs depends on how its tensors fragment."""
+        return self.fits and not self._fits_stranding(STRANDED_UPPER_QUARTILE)
 
     def breakdown(self) -> dict[str, float]:
         """The parts alive at the peak (they sum to ``required_bytes``)."""
@@ -192,6 +210,7 @@ class MemoryPlan:
                 "library_workspaces")
         return {**{k: parts.get(k, 0.0) for k in keys},
                 "allocator_stranded": self.stranded_bytes,
+                "nccl_communicators": self.nccl_communicators,
                 "framework_reserved": self.framework_reserved}
 
 

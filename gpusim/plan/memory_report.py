@@ -69,9 +69,12 @@ class MemoryReport:
         where = (f"{job.topology.num_gpus} x {self.device} ({job.parallel.describe()})"
                  if isinstance(job, ParallelJob) else f"{self.device}, microbatch "
                  f"{self.microbatch}")
-        verdict = ("fits, tightly: a run whose tensors fragment more than most (the upper "
-                   "quartile of published out-of-memory errors) would not; "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fragments less"
+        fragments = ("a run whose tensors fragment more than most (the upper quartile of "
+                     "published out-of-memory errors) would not" if plan.free_bytes >= 0 else
+                     "only a run whose tensors fragment less than most (below the median of "
+                     "published out-of-memory errors) would")
+        verdict = (f"fits, tightly: {fragments}; PYTORCH_CUDA_ALLOC_CONF="
+                   "expandable_segments:True fragments less"
                    if plan.tight else "fits" if plan.fits else "does NOT fit")
         device = job.topology.gpu if isinstance(job, ParallelJob) else job.device
         gpu = device.is_gpu
@@ -83,7 +86,8 @@ class MemoryReport:
             lines.append(f"  peak reserved    {units.human_bytes(plan.reserved_bytes):>12}  "
                          f"(the caching allocator's, max_memory_reserved)")
         lines += [(f"  needed           {units.human_bytes(plan.required_bytes):>12}  "
-                   + ("(allocated + what the allocator strands + CUDA context and framework)"
+                   + ("(allocated + what the allocator strands + outside the allocator: CUDA "
+                      "context, framework, NCCL)"
                       if gpu else "")).rstrip(),
                   f"  usable           {units.human_bytes(plan.usable_bytes):>12}  of "
                   f"{units.human_bytes(device.memory_bytes)}"

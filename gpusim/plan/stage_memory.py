@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpusim.comm.nccl_memory import communicator_bytes
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan, memory_plan
 from gpusim.plan.parallel import (
     ParallelPlan,
@@ -64,6 +65,10 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
     # life); Megatron-LM's gradients live in their reduce buffer already.
     buckets = base.gradients if p.data > 1 and p.zero <= 1 and not job.master_weights else 0.0
     working = max(c.working_bytes for c in stage.chunks)
+    nccl_key = ("nccl", *sorted(plan.groups.items()))
+    if nccl_key not in cache:
+        cache[nccl_key] = sum(communicator_bytes(
+            plan.groups, job.topology.gpu.architecture).values())
     return replace(
         base,
         communication_buffers=buckets,
@@ -76,6 +81,7 @@ def stage_memory(plan: ParallelPlan, stage: StagePlan) -> MemoryPlan:
         recompute_working=working,
         gathered=gathered,
         framework_reserved=FRAMEWORK_RESERVED_BYTES,
+        nccl_communicators=cache[nccl_key],
     )
 
 

@@ -20,7 +20,7 @@ MEMORY_COLORS = {
     "weights": "#4C72B0", "gradients": "#DD8452", "optimizer_states": "#55A868",
     "weight_copies": "#8172B3", "activations": "#C44E52", "transient": "#937860",
     "library_workspaces": "#CCB974", "allocator_stranded": "#B0B0B0",
-    "framework_reserved": "#8C8C8C",
+    "nccl_communicators": "#64B5CD", "framework_reserved": "#8C8C8C",
 }
 NEAR_FULL = 0.8  # above this share of the usable memory, a bar's label goes above its line
 
