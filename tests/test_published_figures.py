@@ -28,9 +28,12 @@ from gpusim.workload import zoo
 # and 5.7% slow, the mean from 9.1% to 8.7%. Fitting Ampere and Volta on published kernel
 # figures (measurements/published/) instead of stated defaults: max 15.1%, mean 7.4%, 16 of
 # 22 within 10% (was 14); the V100 rows move 1-8% faster (DeepBench's V100 GEMMs put fp16 at
-# 0.86 of peak, not the stated 0.8), the slowest to 7.3%.
-MEGATRON_MAX_ERROR = 0.16
-MEGATRON_MEAN_ERROR = 0.08
+# 0.86 of peak, not the stated 0.8), the slowest to 7.3%. 2026-11-24: unfused attention's
+# score-sized products and softmax stream at 0.56 of a copy's rate on Ampere (fitted on the
+# FlashAttention-2 README's A100 80GB timings of PyTorch's unfused attention): max 11.9%
+# (the 1024-GPU 2020 row, now slow), mean 4.3%, 21 of 22 within 10%.
+MEGATRON_MAX_ERROR = 0.12
+MEGATRON_MEAN_ERROR = 0.045
 MEGATRON_V100_MAX_ERROR = 0.08
 
 
@@ -116,3 +119,32 @@ def test_data_parallel_scaling_follows_the_published_runs(monkeypatch: pytest.Mo
         assert abs(s.efficiency[0] - s.efficiency[1]) <= SCALING_BERT_FP16_GAP
 
 
+
+
+# DeepLearningExamples' single-GPU rows (python benchmarks/dev_cases.py), never fitted:
+# MAPE 18.3% over 18 cases on 2026-11-24 (21.0% before the A100's unfused-attention factor).
+DLE_SINGLE_GPU_MAPE = 0.19
+
+
+def test_deeplearningexamples_single_gpu_rows_within_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    dev_cases = importlib.import_module("dev_cases")
+    rows = [r for r in yaml.safe_load((root / "published" / "dev_cases.yaml").read_text())
+            ["B_single_node"] if r["num_gpus"] == 1]
+    errors = []
+    for row in rows:
+        args, _ = dev_cases._case(row)
+        if args is None:
+            continue
+        predicted = dev_cases._samples_per_s(args)
+        if str(row["unit"]).startswith("tokens"):
+            predicted *= args["model"].tokens_per_sample
+        errors.append(abs(predicted / row["value"] - 1))
+    assert len(errors) == 18
+    assert sum(errors) / len(errors) <= DLE_SINGLE_GPU_MAPE

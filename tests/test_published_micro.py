@@ -126,3 +126,43 @@ def test_published_convolutions_become_cases_pass_by_pass() -> None:
     for case in convs[:3]:
         names = [op.name for op in case_ops(case, gpu)]
         assert len(names) == 1 and not names[0].endswith("to_nhwc")
+
+
+def test_unfused_attention_rows_fit_the_factor_of_its_score_kernels(tmp_path: Path) -> None:
+    """The FlashAttention benchmarks' "Pytorch" baseline (attention written out) becomes an
+    unfused-attention case, whose fit sets the factor of its score-sized products and
+    softmax; a row in milliseconds is taken as printed."""
+    rows = [{"kind": "sdpa", "backend": "unfused", "precision": "fp16", "batch": 16384 // s,
+             "heads": 32, "seq": s, "head_dim": 64, "causal": False,
+             "pass": "forward_backward", "tflops": 40} for s in (1024, 2048, 4096)]
+    data, skipped = published.convert(_transcription(*rows, {**rows[0], "tflops": None,
+                                                             "ms": 12.5}), "t.yaml")
+    assert not skipped and data["cases"][-1]["median_s"] == pytest.approx(12.5e-3)
+    result = _fit(tmp_path, *rows)
+    factor = result.calibration.memory.kernel_factors["unfused_attention"]
+    assert 0.3 < factor < 0.9
+    assert "unfused attention 3 cases" in result.calibration.rationale
+
+
+def test_the_ampere_unfused_attention_factor_slows_its_score_kernels_only() -> None:
+    from gpusim.cost.kernels import kernel_cost
+    from gpusim.hardware.calibration import calibration_for
+    from gpusim.workload.attention import UNFUSED_ATTENTION, Attention
+    from gpusim.workload.numerics import Numerics
+
+    gpu = load_gpu("a100-80gb")
+    cal = calibration_for(gpu)
+    assert cal.memory.kernel_factors[UNFUSED_ATTENTION] < 0.8
+    num = Numerics(matmul="fp16", conv="fp16", activation="fp16")
+    layer = Attention("a", 16, 64, 2048, fused=False, dropout=True)
+    ops = {op.name.rsplit(".", 1)[1]: op for op in layer.forward(4, num)
+           + layer.backward_input(4, num)}
+    scores = {"qk", "softmax", "av", "dv", "dp", "softmax_bwd", "dq", "dk"}
+    assert {n for n, op in ops.items() if op.family == UNFUSED_ATTENTION} == scores
+    plain = cal.model_copy(update={"memory": cal.memory.model_copy(
+        update={"kernel_factors": {}})})
+    for name, op in ops.items():
+        slowed = kernel_cost(op, gpu, cal).seconds > kernel_cost(op, gpu, plain).seconds
+        assert slowed == (name in scores), name  # dropout's passes keep a copy's rate
+    fused = Attention("a", 16, 64, 2048).forward(4, num)
+    assert all(op.family != UNFUSED_ATTENTION for op in fused)

@@ -17,6 +17,7 @@ from gpusim.calibrate.micro_ops import (
 )
 from gpusim.hardware.calibration import GemmCalibration
 from gpusim.hardware.profile import DeviceProfile
+from gpusim.workload.attention import UNFUSED_ATTENTION
 from gpusim.workload.layers import batch_norm
 from gpusim.workload.ops import DTYPE_BYTES, TENSOR_CORE_MATH, GemmShape, result_bytes
 
@@ -225,6 +226,10 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
           (("gemm", "attention_backward_factor"), "factor"),
           *overhead_param("auto", [c for c in auto if c["kind"] == "sdpa"])]),
         *per_kernel,
+        # Attention written out in PyTorch: its score-sized products and softmax together,
+        # relative to a plain copy's rate (workload.attention.UNFUSED_ATTENTION).
+        ("unfused attention", sdpa("unfused"),
+         [(("memory", "kernel_factors", UNFUSED_ATTENTION), "factor")]),
         ("optimizer", of(lambda c: c["kind"] == "optimizer" and c["impl"] == "default"),
          [(("overhead", "optimizer_us"), "us"), (("overhead", "optimizer_tensor_us"), "us")]),
         ("pcie", of(lambda c: c["kind"] == "host_copy" and c["pinned"]),

@@ -144,6 +144,8 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         if case["pass"] == "forward":
             return linear.forward(1, num)
         return linear.backward_input(1, num) + linear.backward_weight(1, num)
+    if kind == "sdpa" and case.get("backend") == "unfused":
+        return _unfused_attention(case, numerics(case["precision"], device))
     if kind in ("attention", "sdpa"):
         num = numerics(case["precision"], device)
         att = Attention(case["id"], case["heads"], case["head_dim"], case["seq"],
@@ -185,6 +187,22 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
 # figures only.
 SDPA_KERNELS = {"flash": "flash2", "cudnn": "cudnn", "efficient": "efficient",
                 "triton": "triton"}
+
+
+def _unfused_attention(case: dict[str, Any], num: Numerics) -> list[Op]:
+    """Attention written out in PyTorch (FlashAttention's benchmarks' "Pytorch" baseline:
+    the scaled QK^T product, a causal mask added where causal, softmax, the product with V,
+    the heads merged; their gradients): the unfused Attention layer's kernels, and the
+    mask's pass over the scores."""
+    att = Attention(case["id"], case["heads"], case["head_dim"], case["seq"],
+                    kv_heads=case.get("kv_heads", 0), causal=case["causal"], fused=False)
+    n = case["batch"]
+    scores = n * case["heads"] * case["seq"] ** 2
+    mask = [memory_op(f"{case['id']}.causal_mask", scores, scores, num.act_bytes, 1)
+            ] if case["causal"] else []
+    forward, backward = att.forward(n, num) + mask, att.backward_input(n, num)
+    return {"forward": forward, "backward": backward,
+            "forward_backward": forward + backward}[case["pass"]]
 
 
 def _autocast_casts(layer: Conv2d, batch: int, num: Numerics, backward: bool) -> list[Op]:

@@ -28,8 +28,9 @@ from gpusim.hardware.catalog import read_yaml
 from gpusim.measure import results
 
 # Attention kernels gpusim models, by the names the micro suite gives SDPA's backends
-# (and "triton": FlashAttention's own Triton kernel, which no SDPA backend runs).
-SDPA_BACKENDS = ("flash", "efficient", "cudnn", "triton")
+# (and "triton": FlashAttention's own Triton kernel, which no SDPA backend runs; "unfused":
+# attention written out in PyTorch, the FlashAttention benchmarks' "Pytorch" baseline).
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "triton", "unfused")
 # Each bandwidth kernel (as BabelStream and STREAM name them) as the micro-suite elementwise
 # op that makes the same passes: (op, arrays it reads, the op's operand in arrays). Bytes
 # moved are every array read plus every array written, once each.
@@ -113,7 +114,8 @@ def _case(row: dict[str, Any], source: dict[str, Any]) -> dict[str, Any] | str:
                 "batch": row["batch"], "heads": row["heads"],
                 "kv_heads": row.get("kv_heads", row["heads"]), "seq": row["seq"],
                 "head_dim": row["head_dim"], "causal": row["causal"], "pass": row["pass"],
-                **base, "median_s": attention_flops(row) / (row["tflops"] * 1e12)}
+                **base, "median_s": (row["ms"] / 1e3 if "ms" in row
+                                     else attention_flops(row) / (row["tflops"] * 1e12))}
     if kind == "memory":
         if row["op"] not in MEMORY_OPS or row.get("dtype") not in DTYPES:
             return f"bandwidth op {row['op']} on {row.get('dtype')} has no micro case"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim.workload.layers import Layer
 from gpusim.workload.numerics import Numerics
@@ -14,6 +14,13 @@ from gpusim.workload.ops import (
     gemm_op,
     memory_op,
 )
+
+# The kernel family of unfused attention's score-sized kernels: the batched products that
+# write or read the seq x seq scores and the softmax over them (forward and backward). They
+# stream below a plain copy's rate (calibrated from published timings of the unfused chain;
+# see gpusim.calibrate.groups); the elementwise passes over the scores (scale, mask, dropout)
+# do not, and keep the plain rate.
+UNFUSED_ATTENTION = "unfused_attention"
 
 
 @dataclass(frozen=True)
@@ -110,8 +117,8 @@ class Attention(Layer):
         shapes = {"qk": GemmShape(s, s, d, b), "av": GemmShape(s, d, s, b),
                   "dv": GemmShape(s, d, s, b), "dp": GemmShape(s, s, d, b),
                   "dq": GemmShape(s, d, s, b), "dk": GemmShape(s, d, s, b)}
-        return [gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes,
-                        layer=self.name)
+        return [replace(gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes,
+                                layer=self.name), family=UNFUSED_ATTENTION)
                 for key in names]
 
     def _layout(self, name: str, elements: float, num: Numerics) -> Op:
@@ -156,7 +163,7 @@ class Attention(Layer):
                                   layer=self.name)
                         for name in ("scale", "mask_add")]
             ops.append(memory_op(f"{self.name}.softmax", scores, scores, num.act_bytes, 5,
-                                 layer=self.name))
+                                 layer=self.name, family=UNFUSED_ATTENTION))
             if self.dropout:
                 ops.append(memory_op(f"{self.name}.dropout", scores, scores, num.act_bytes,
                                      mask_written=scores, layer=self.name))
@@ -217,7 +224,7 @@ class Attention(Layer):
                 ops.append(memory_op(f"{self.name}.dropout_bwd", scores, scores,
                                      num.act_bytes, mask_read=scores, layer=self.name))
             ops.append(memory_op(f"{self.name}.softmax_bwd", 2 * scores, scores,
-                                 num.act_bytes, 3, layer=self.name))
+                                 num.act_bytes, 3, layer=self.name, family=UNFUSED_ATTENTION))
             if self.scale_and_mask:
                 ops.append(memory_op(f"{self.name}.scale_bwd", scores, scores, num.act_bytes,
                                      1, layer=self.name))

@@ -49,7 +49,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from gpusim.errors import InvalidModel
-from gpusim.workload.attention import Embedding
+from gpusim.workload.attention import UNFUSED_ATTENTION, Embedding
 from gpusim.workload.layers import (
     Elementwise,
     Layer,
@@ -139,7 +139,8 @@ class RelPartialAttention(Layer):
             "av": GemmShape(q, d, k, b), "dprob": GemmShape(q, k, d, b),
             "dv": GemmShape(k, d, q, b),
         }
-        return [gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes)
+        return [replace(gemm_op(f"{self.name}.{key}", shapes[key], num.matmul, num.act_bytes),
+                        family=UNFUSED_ATTENTION)
                 for key in names]
 
     def _copy(self, name: str, read: float, written: float, num: Numerics,
@@ -159,7 +160,8 @@ class RelPartialAttention(Layer):
                self._copy("rel_shift_pad", s, s + pad, num),
                self._copy("add_and_scale", 2 * s, s, num, 2.0),
                self._copy("mask_fill", s, s, num, allocates=False)]
-        ops.append(memory_op(f"{self.name}.softmax", s, s, num.softmax_bytes, 5.0))
+        ops.append(memory_op(f"{self.name}.softmax", s, s, num.softmax_bytes, 5.0,
+                             family=UNFUSED_ATTENTION))
         if self.dropout:
             ops.append(self._copy("dropatt", s, s, num, mask_written=s))
         ops += [self._copy("v_layout", ke, ke, num), *self._gemms(n, num, ("av",)),
@@ -173,7 +175,8 @@ class RelPartialAttention(Layer):
         if self.dropout:
             ops.append(self._copy("dropatt_bwd", s, s, num, mask_read=s))
         ops += [
-            memory_op(f"{self.name}.softmax_bwd", 2 * s, s, num.softmax_bytes, 3.0),
+            memory_op(f"{self.name}.softmax_bwd", 2 * s, s, num.softmax_bytes, 3.0,
+                      family=UNFUSED_ATTENTION),
             self._copy("mask_fill_bwd", s, s, num),
             self._copy("add_and_scale_bwd", s, s, num, 1.0),
             # narrow's backward: a zero-filled padded gradient with the slice copied in;
