@@ -191,3 +191,28 @@ def test_provenance_places_a_masked_cpu_by_its_numbers_and_features() -> None:
                      "mhz": "2100.000", "cache": "107520 KB",
                      "features": ["amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2"]}
     assert set(cpu_identity().get("features", [])) <= set(CPU_FEATURES)
+
+
+def test_written_out_attention_is_timed_and_predicted_as_unfused_attention() -> None:
+    """The micro suite's "unfused" SDPA cases (CUDA only in the suite): attention written
+    out in PyTorch, timed forward and backward, and predicted from the unfused layer's
+    kernels, its score kernels at the calibration's unfused-attention rate."""
+    import torch
+
+    from gpusim.calibrate.micro_ops import case_ops, predict
+    from gpusim.hardware.calibration import calibration_for
+    from gpusim.hardware.catalog import load_gpu
+    from gpusim.measure import micro_layers
+
+    shape = {"batch": 2, "heads": 2, "kv_heads": 2, "seq": 64, "head_dim": 16, "causal": True}
+    timed = micro_layers.time_unfused_attention(shape, torch.device("cpu"), 2)
+    assert timed["forward"].median_s > 0 and timed["backward"].median_s > 0
+    gpu = load_gpu("a100-80gb")
+    case = {"id": "sdpa/unfused/x", "kind": "sdpa", "precision": "bf16", "backend": "unfused",
+            **shape, "pass": "forward", "timed": "kernel"}
+    names = [op.name.rsplit(".", 1)[1] for op in case_ops(case, gpu)]
+    assert names == ["qk", "softmax", "av", "merge_heads", "causal_mask"]
+    cal = calibration_for(gpu)
+    plain = cal.model_copy(update={"memory": cal.memory.model_copy(
+        update={"kernel_factors": {}})})
+    assert predict(case, gpu, cal) > predict(case, gpu, plain)

@@ -79,6 +79,29 @@ def time_sdpa(shape: dict[str, Any], backend: str | None, device: torch.device,
     return time_forward_backward(forward, [q, k, v], device, repeats)
 
 
+def time_unfused_attention(shape: dict[str, Any], device: torch.device,
+                           repeats: int) -> dict[str, Timing]:
+    """Forward and backward of bf16 attention written out in PyTorch, as FlashAttention's
+    benchmarks time their "Pytorch" baseline and older models run it: the scaled QK^T
+    product (baddbmm), a causal mask added where causal, softmax, the product with V, and
+    the heads merged back into (batch, seq, heads x dim). No grouped-query shapes."""
+    b, h, s, d = shape["batch"], shape["heads"], shape["seq"], shape["head_dim"]
+    q, k, v = (torch.randn(b * h, s, d, device=device, dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    mask = (torch.full((s, s), -10000.0, device=device, dtype=torch.bfloat16).triu(1)
+            if shape["causal"] else None)
+
+    def forward() -> Any:
+        scores = torch.baddbmm(torch.empty(b * h, s, s, device=device, dtype=q.dtype), q,
+                               k.transpose(1, 2), beta=0.0, alpha=d ** -0.5)
+        if mask is not None:
+            scores = scores + mask
+        out = torch.bmm(torch.softmax(scores, dim=-1), v)
+        return out.view(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
+
+    return time_forward_backward(forward, [q, k, v], device, repeats)
+
+
 NORM_OPS = ("layer_norm", "rms_norm", "softmax", "gelu", "silu_mul", "cross_entropy")
 
 

@@ -216,16 +216,20 @@ def _sdpa_cases(device: torch.device, quick: bool) -> Iterator[
     shapes = micro_layers.sdpa_shapes(16384 if cuda else 256)[: 2 if quick or not cuda else None]
     backends = (*micro_layers.SDPA_BACKENDS, None) if cuda else ("flash", "math", None)
     for shape in shapes:
+        key = "x".join(str(shape[k]) for k in ("batch", "heads", "kv_heads", "seq", "head_dim"))
+        key += "-causal" if shape["causal"] else ""
         for backend in backends:
-            key = "x".join(str(shape[k]) for k in ("batch", "heads", "kv_heads", "seq",
-                                                    "head_dim"))
-            key += "-causal" if shape["causal"] else ""
             name = backend or "auto"
             yield ({"id": f"sdpa/{name}/{key}", "kind": "sdpa", "precision": "bf16",
                     "backend": name, **shape,
                     **({} if backend else
                        {"chosen": micro_layers.default_sdpa_backend(shape, "bf16", device)})},
                    lambda r, s=shape, b=backend: micro_layers.time_sdpa(s, b, device, r))
+        if cuda and shape["kv_heads"] == shape["heads"]:
+            # attention written out (calibrate: the unfused attention group)
+            yield ({"id": f"sdpa/unfused/{key}", "kind": "sdpa", "precision": "bf16",
+                    "backend": "unfused", **shape},
+                   lambda r, s=shape: micro_layers.time_unfused_attention(s, device, r))
 
 
 def _row_kernel_cases(device: torch.device, quick: bool, max_bytes: float,
