@@ -3,9 +3,10 @@
 Peak allocated memory (what ``torch.cuda.max_memory_allocated`` reports) is the sum of
 weights, gradients, optimizer states, autocast's weight copies, the activations kept for
 backward, and the largest transient buffer of any one layer. The device must also hold the
-framework's own reservation (CUDA context, handles) and what the caching allocator strands
-in fragments, which ``max_memory_allocated`` does not see; it has what its driver gives a
-process, a little less than its datasheet's capacity.
+framework's own reservation (CUDA context, handles), NCCL's communicators on more than one
+GPU (gpusim.comm.nccl_memory) and what the caching allocator strands in fragments, which
+``max_memory_allocated`` does not see; it has what its driver gives a process, a little
+less than its datasheet's capacity.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ class MemoryPlan:
     def reserved_bytes(self) -> float:
         """Peak reserved by the caching allocator (torch.cuda.max_memory_reserved): the
         allocated peak and the allocator's reserve, which it gives back before it would
-        fail, so never more than the device holds beside the framework's own."""
+        fail, so never more than the device holds beside what the process keeps outside the
+        allocator."""
         return min(self.peak_bytes * (1 + self.allocator_reserve),
                    max(self.peak_bytes, self.capacity - self.outside_allocator_bytes))
 
