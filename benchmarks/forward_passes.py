@@ -6,9 +6,11 @@ an A10, a T4 and a V100 (rows collected in measurements/published/a100-80gb/
 eager_kernels_candidates.yaml, section forward_passes, with their source). gpusim's side is
 the device time of its BERT-base forward kernels for the same layers, dropout left out (the
 model runs in eval mode). Inference is never fitted: this checks the forward kernels apart
-from the backward pass, the optimizer and the host. Sizes below 3072 tokens a call sit at
-TorchScript's host floor (about 4 ms on the A100 whatever the size) and are shown, not
-compared.
+from the backward pass, the optimizer and the host. One difference in the workload: the zoo's
+BERT projects Q, K and V with one product, where Hugging Face's BertSelfAttention runs three
+(query, key and value Linear layers); the products' work is the same. Sizes below 3072
+tokens a call sit at TorchScript's host floor (about 4 ms on the A100 whatever the size)
+and are shown, not compared.
 
     python benchmarks/forward_passes.py
 """
