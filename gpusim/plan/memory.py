@@ -44,7 +44,7 @@ FRAMEWORK_RESERVED_BYTES = units.gib(0.75)
 STRANDED_AT_OOM = 0.022
 # The quartiles of the same. A job that fits with the lower but not with the upper fits or
 # not by how its tensors fragment: it is "tight", and not refused (a published run that
-# trained may have been one that fragments little; search keeps it, flagged).
+# trained may have been one that fragments little); `gpusim memory` says it fits tightly.
 STRANDED_LOWER_QUARTILE = 0.0057
 STRANDED_UPPER_QUARTILE = 0.058
 # What PyTorch's caching allocator reserves beyond the peak it hands out (fragmentation and
