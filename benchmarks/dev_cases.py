@@ -160,6 +160,15 @@ def _samples_per_s(args: dict[str, Any]) -> float:
     return simulate_step(job).samples_per_s
 
 
+def predicted_value(args: dict[str, Any], row: dict[str, Any]) -> float:
+    """A row's prediction in the row's own unit (Transformer-XL: tokens, a sample being a
+    segment of them)."""
+    predicted = _samples_per_s(args)
+    if str(row["unit"]).startswith("tokens"):
+        predicted *= args["model"].tokens_per_sample
+    return predicted
+
+
 def main(path: Path = DEFAULT) -> None:
     if not path.is_file():
         sys.exit(f"dev_cases.yaml not found at {path}; pass its path")
@@ -172,12 +181,10 @@ def main(path: Path = DEFAULT) -> None:
             print(f"{row['id']:50s} skipped: {why}")
             continue
         try:
-            predicted = _samples_per_s(args)
+            predicted = predicted_value(args, row)
         except GpusimError as exc:
             print(f"{row['id']:50s} {args['gpu']:16s} infeasible: {exc}")
             continue
-        if str(row["unit"]).startswith("tokens"):  # Transformer-XL: a sample is a segment
-            predicted *= args["model"].tokens_per_sample
         error = (predicted - row["value"]) / row["value"]
         errors.append(abs(error))
         print(f"{row['id']:50s} {args['gpu']:16s} {predicted:9.1f} {row['value']:9.1f} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
@@ -15,6 +16,15 @@ from gpusim.plan.lower import microbatch_ops
 from gpusim.plan.optimizer_step import optimizer_ops
 from gpusim.validate.megatron import CASES, job_for, predict
 from gpusim.workload import zoo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _benchmark(monkeypatch: pytest.MonkeyPatch, name: str) -> ModuleType:
+    """A script of benchmarks/ as a module (they import their siblings by name)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module(name)
+
 
 # Accuracy as of this commit (benchmarks/megatron.py prints it): max 16.5%, mean 8.7%. The
 # issue's target is 10% on every case. The V100 rows (DGX-2) land within 7%; the same
@@ -105,9 +115,8 @@ SCALING_BERT_FP16_GAP = 0.02
 
 
 def test_data_parallel_scaling_follows_the_published_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    path = Path(__file__).resolve().parents[1] / "published" / "dev_cases.yaml"
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    scaling = importlib.import_module("data_parallel_scaling")
+    path = ROOT / "published" / "dev_cases.yaml"
+    scaling = _benchmark(monkeypatch, "data_parallel_scaling")
     tables = scaling.evaluate(yaml.safe_load(path.read_text())["B_single_node"])
     gaps = [abs(p - m) for t in tables for s in t if s.efficiency for p, m in [s.efficiency]]
     assert len(gaps) >= 31
@@ -119,8 +128,6 @@ def test_data_parallel_scaling_follows_the_published_runs(monkeypatch: pytest.Mo
         assert abs(s.efficiency[0] - s.efficiency[1]) <= SCALING_BERT_FP16_GAP
 
 
-
-
 # DeepLearningExamples' single-GPU rows (python benchmarks/dev_cases.py), never fitted:
 # MAPE 17.3% over 18 cases on 2026-11-24 (21.0% before unfused attention's factors: Ampere's
 # fitted, Volta's stated).
@@ -129,24 +136,11 @@ DLE_SINGLE_GPU_MAPE = 0.18
 
 def test_deeplearningexamples_single_gpu_rows_within_budget(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    import yaml
-
-    root = Path(__file__).resolve().parents[1]
-    monkeypatch.syspath_prepend(str(root / "benchmarks"))
-    dev_cases = importlib.import_module("dev_cases")
-    rows = [r for r in yaml.safe_load((root / "published" / "dev_cases.yaml").read_text())
-            ["B_single_node"] if r["num_gpus"] == 1]
-    errors = []
-    for row in rows:
-        args, _ = dev_cases._case(row)
-        if args is None:
-            continue
-        predicted = dev_cases._samples_per_s(args)
-        if str(row["unit"]).startswith("tokens"):
-            predicted *= args["model"].tokens_per_sample
-        errors.append(abs(predicted / row["value"] - 1))
+    dev_cases = _benchmark(monkeypatch, "dev_cases")
+    rows = yaml.safe_load((ROOT / "published" / "dev_cases.yaml").read_text())["B_single_node"]
+    cases = [(row, dev_cases._case(row)[0]) for row in rows if row["num_gpus"] == 1]
+    errors = [abs(dev_cases.predicted_value(args, row) / row["value"] - 1)
+              for row, args in cases if args is not None]
     assert len(errors) == 18
     assert sum(errors) / len(errors) <= DLE_SINGLE_GPU_MAPE
 
@@ -159,13 +153,7 @@ FORWARD_TF32_FP32_MEAN_ERROR = 0.10
 
 def test_published_bert_forward_passes_in_32_bit_within_budget(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    import yaml
-
-    root = Path(__file__).resolve().parents[1]
-    monkeypatch.syspath_prepend(str(root / "benchmarks"))
-    bench = importlib.import_module("forward_passes")
+    bench = _benchmark(monkeypatch, "forward_passes")
     rows = [r for r in yaml.safe_load(bench.ROWS.read_text())["forward_passes"]
             if bench.gpu_of(r) in ("a100-80gb", "v100-sxm2-16gb") and r["dtype"] != "fp16"
             and r["shape"]["batch"] * r["shape"]["seq"] >= bench.MIN_TOKENS]
