@@ -46,8 +46,12 @@ def autocasts(job: TrainingJob) -> bool:
 def casts_weight(layer: Layer, job: TrainingJob) -> bool:
     """Autocast runs matrix products and convolutions in the low precision, casting their
     fp32 weights once per forward (and caching the copy until backward); norms and
-    embeddings keep fp32 weights, and frozen weights are held in the compute type already."""
-    return (autocasts(job) and layer.params > 0 and isinstance(layer, (Linear, Conv2d))
+    embeddings keep fp32 weights, and frozen weights are held in the compute type already.
+    A mixture of experts' router and stacked experts are products' weights like a linear
+    layer's (bmm and grouped_mm are on autocast's low-precision list): an H100 profile of
+    the models suite's MoE layer shows their casts down in forward and their gradients'
+    casts back up in backward, 1.2 ms each way for 604M parameters."""
+    return (autocasts(job) and layer.params > 0 and isinstance(layer, (Linear, Conv2d, MoE))
             and job.is_trainable(layer.name))
 
 

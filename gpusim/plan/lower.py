@@ -119,9 +119,11 @@ def _forward_ops(layer: Layer, job: TrainingJob, prec: LayerPrecision,
     num = prec.numerics
     ops = _input_cast(layer, job, num, backward=False) if prec.casts_input else []
     if weight_cast:
-        # Read the fp32 weight, write its copy in the compute type (no FLOPs).
+        # Read the fp32 weight, write its copy in the compute type (no FLOPs): the job's
+        # 16-bit type also where the layer's activations stay fp32 (a mixture of experts
+        # gathers its fp32 input's copies before its products cast them)
         ops.append(cast_op(f"{layer.name}.cast_weight", layer.name, layer.params,
-                           num.act_bytes, to_fp32=False))
+                           job.numerics().act_bytes, to_fp32=False))
     ops += _dequantize(layer, job, num)
     if isinstance(layer, CrossEntropy) and job.master_weights and not layer.fused:
         ops += layer.vocab_parallel_forward(job.microbatch_size, num)
@@ -155,7 +157,7 @@ def _weight_grad_ops(layer: Layer, job: TrainingJob, num: Numerics,
     ops = layer.backward_weight(job.microbatch_size, num)
     if weight_cast:
         ops.append(cast_op(f"{layer.name}.cast_grad", layer.name, layer.params,
-                           num.act_bytes, to_fp32=True))
+                           job.numerics().act_bytes, to_fp32=True))
     return ops
 
 
