@@ -161,8 +161,9 @@ def test_a_bound_from_another_device_is_refused_by_name() -> None:
 def test_a_norm_written_in_upcasting_ops_is_a_family_of_its_own() -> None:
     """A norm written as separate upcasting ops runs a chain of plain kernels, not the norm's
     own kernel: its factor is fitted apart (rms_norm_upcast), each form standing for the
-    other until both are measured; a compiled case measures TorchInductor's kernels over
-    the fused form's passes (family compiled)."""
+    other until both are measured; a compiled case measures TorchInductor's kernel over
+    the fused form's passes (family rms_norm_compiled, the fused form's factor until
+    measured)."""
     from gpusim.calibrate.micro_ops import predict, row_family
     from gpusim.hardware.calibration import MemoryCalibration
     from gpusim.hardware.catalog import load_device
@@ -173,7 +174,7 @@ def test_a_norm_written_in_upcasting_ops_is_a_family_of_its_own() -> None:
     upcast, compiled = {**base, "upcast": "cast_back"}, {**base, "upcast": "cast_back",
                                                          "compiled": True}
     assert [row_family(c, h100) for c in (base, upcast, compiled)] == \
-        ["rms_norm", "rms_norm_upcast", "compiled"]
+        ["rms_norm", "rms_norm_upcast", "rms_norm_compiled"]
     memory = MemoryCalibration(max_efficiency=0.9, ramp_us=0.0,
                                kernel_factors={"rms_norm": 0.6})
     assert memory.kernel_factor("rms_norm_upcast") == 0.6  # the fused form stands for it
@@ -181,6 +182,10 @@ def test_a_norm_written_in_upcasting_ops_is_a_family_of_its_own() -> None:
                                                         "rms_norm_upcast": 0.8}})
     assert (both.kernel_factor("rms_norm_upcast"), both.kernel_factor("rms_norm")) == (0.8, 0.6)
     assert memory.kernel_factor("gelu") == 1.0
+    assert memory.kernel_factor("rms_norm_compiled") == 0.6  # Inductor's, until measured
+    assert both.model_copy(update={"kernel_factors": {
+        **both.kernel_factors, "rms_norm_compiled": 0.7}}).kernel_factor(
+            "rms_norm_compiled") == 0.7
     cal = calibration_for(h100)
     # the chain moves 18 passes over the tensor, the generated kernel 2
     assert predict(upcast, h100, cal) > 5 * predict(compiled, h100, cal)

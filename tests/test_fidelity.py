@@ -134,7 +134,9 @@ def test_a_linear_layers_products_carry_their_layouts(h100: DeviceProfile) -> No
 
 
 def _replace_gemm(cal: Any, factors: dict[str, float]) -> Any:
-    return cal.gemm.model_copy(update={"layout_factors": factors})
+    """The GEMM calibration with these layouts' factors replaced (the others kept)."""
+    return cal.gemm.model_copy(update={"layout_factors": {**cal.gemm.layout_factors,
+                                                          **factors}})
 
 
 def _main_loop_alone(cal: Any) -> Any:

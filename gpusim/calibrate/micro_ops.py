@@ -21,7 +21,7 @@ from gpusim.cost.kernels import (
     loop_seconds,
     optimizer_host_s,
 )
-from gpusim.hardware.calibration import Calibration
+from gpusim.hardware.calibration import Calibration, compiled_family
 from gpusim.hardware.catalog import catalog, host_link
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
 from gpusim.plan.autocast import cast_op, input_elements
@@ -77,9 +77,8 @@ def row_layer(case: dict[str, Any]) -> Elementwise:
 
 def row_family(case: dict[str, Any], device: DeviceProfile) -> str:
     """The kernel family whose factor a row_kernel case measures."""
-    if case.get("compiled"):
-        return "compiled"
-    return row_layer(case).family(numerics(case["precision"], device))
+    family = row_layer(case).family(numerics(case["precision"], device))
+    return compiled_family(family) if case.get("compiled") else family
 
 
 def numerics(precision: str, device: DeviceProfile) -> Numerics:
@@ -171,7 +170,8 @@ def _case_ops(case: dict[str, Any], device: DeviceProfile) -> list[Op]:
         ops = {"forward": row.forward(1, num), "backward": row.backward_input(1, num),
                "forward_backward": row.forward(1, num) + row.backward_input(1, num)
                }[case["pass"]]
-        return [replace(op, family="compiled") for op in ops] if case.get("compiled") else ops
+        return ([replace(op, family=compiled_family(op.family)) for op in ops]
+                if case.get("compiled") else ops)
     if kind == "elementwise":
         reads, writes = ELEMENTWISE_PASSES[case["op"]]
         elements = case["bytes"] / DTYPE_BYTES[case["dtype"]]

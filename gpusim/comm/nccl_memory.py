@@ -24,6 +24,13 @@ holds:
   single shared buffer", NVIDIA/nccl #1450): 512 MiB (NVIDIA/nccl #2363, "Failed to CUDA
   calloc 536870912 bytes" for the NET shared P2P buffer; PR #2366 saves that much).
 
+Our own H100 (NCCL 2.28.9 under PyTorch 2.11, measurements/h100-sxm/probes.json, "nccl")
+bears out that most of a communicator is not peer buffers: a process group of one rank took
+564 MiB outside PyTorch's allocator when created (the process's first, with NCCL's own
+set-up) and a second one 388 MiB, before and after collectives alike. A lone rank's group is
+counted as nothing here; a framework that creates one eagerly (PyTorch does, for every new
+group, once the default group is bound to a device) pays about that much for it.
+
 The rows, their caveats and what was not found are in measurements/published/
 nccl_memory.yaml; tests/test_nccl_memory.py reads the figures back from it. Not modelled:
 the further groups a framework creates and uses beside its parallel layout (Megatron-LM's

@@ -30,6 +30,15 @@ NonNegative = Annotated[float, Field(ge=0)]
 
 # The kernel family of a norm written as separate ops that upcast (workload.layers.Elementwise)
 UPCAST_SUFFIX = "_upcast"
+# The kernel family of TorchInductor's kernel for a norm or activation (plan.lower.as_compiled)
+COMPILED_SUFFIX = "_compiled"
+
+
+def compiled_family(family: str) -> str:
+    """The family of the kernel TorchInductor generates for an eager kernel of ``family``;
+    a plain pass (no family) stays plain."""
+    return family.removesuffix(UPCAST_SUFFIX) + COMPILED_SUFFIX if family else ""
+
 
 class Tile(Frozen):
     """A GEMM tile a library may pick; ``efficiency`` is its throughput relative to the best."""
@@ -149,10 +158,13 @@ class MemoryCalibration(Frozen):
     def kernel_factor(self, family: str) -> float:
         """The factor of a kernel family. A norm written as separate upcasting ops
         (``<op>_upcast``) and its one fused kernel stand for each other until both are
-        measured; any other family not measured runs at max_efficiency (1)."""
+        measured; TorchInductor's kernel (``<op>_compiled``) takes the fused kernel's factor
+        until it is measured; any other family not measured runs at max_efficiency (1)."""
         factors = self.kernel_factors
         if family in factors:
             return factors[family]
+        if family.endswith(COMPILED_SUFFIX):
+            return self.kernel_factor(family.removesuffix(COMPILED_SUFFIX))
         sibling = (family.removesuffix(UPCAST_SUFFIX) if family.endswith(UPCAST_SUFFIX)
                    else family + UPCAST_SUFFIX)
         return factors.get(sibling, 1.0) if family else 1.0

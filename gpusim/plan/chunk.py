@@ -50,6 +50,9 @@ class ChunkPlan:
     # since the one before was complete, its trainable parameters on this rank, whether it
     # is the first of its block), in the order they complete. Gradient buckets wait on these.
     grad_ready: tuple[tuple[float, int, bool], ...] = ()
+    # How far the host has run ahead of the device once it has dispatched the backward pass:
+    # torch.optim's Python runs meanwhile, as in the one-device engine.
+    backward_host_lead_s: float = 0.0
 
 
 class ChunkLayout(NamedTuple):
@@ -163,4 +166,4 @@ def chunk_plan(index: int, layers: tuple[Layer, ...], signature: tuple[int, ...]
     return ChunkPlan(index, layers, forward, backward, sent_bytes(job, layers, act), kept,
                      working, sum(la.params for la in layers), job.trainable_params(layers),
                      max(blocks.values()), forward.flops + backward.flops,
-                     grad_ready(bwd, by_name, job)[0])
+                     grad_ready(bwd, by_name, job)[0], queue.lead_s)

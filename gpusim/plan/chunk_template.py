@@ -164,4 +164,4 @@ def assembled_chunk(t: Template, index: int, layers: tuple[Layer, ...], blocks: 
         carry = part.grad_rest if entries else carry + part.grad_rest
     return ChunkPlan(index, layers, forward, backward, sent_bytes(job, layers, t.act_bytes),
                      kept, t.working_bytes, params, trainable, t.largest_block_params,
-                     forward.flops + backward.flops, tuple(ready))
+                     forward.flops + backward.flops, tuple(ready), queue.lead_s)

@@ -272,9 +272,11 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
                 job.trainable_params(stage_layers(chunks)) * shard, job.whole.grad_bytes,
                 job.whole.numerics().act_bytes, job.topology.gpu, job.topology.system, cal,
                 sharing=job.topology.gpus_per_node)
-        elif kernels and not job.master_weights:  # torch.optim's step() on the host
+        elif kernels and not job.master_weights:  # torch.optim's step() on the host,
+            # begun while the device still runs the backward the host queued ahead of it
+            # (the stage's last backward is its first chunk's)
             optimizer_s = max(optimizer_s, optimizer_host_s(tensors, cal)
-                              + host_per_op * kernels)
+                              + host_per_op * kernels - chunks[0].backward_host_lead_s)
         stages.append(StagePlan(s, chunks, optimizer_s, params, stage_key))
     return ParallelPlan(job, tuple(stages), _groups(job, cache), cal, cache)
 

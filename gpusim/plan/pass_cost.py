@@ -205,7 +205,7 @@ def pass_work(terms: PassTerms, job: ParallelJob, cal: Calibration,
     if terms.backward_at >= 0:
         host[terms.backward_at] += units.us(cal.overhead.backward_call_us)
     queue = queue or Queue()
-    lead = max(0.0, queue.done - queue.dispatched)
+    lead = queue.lead_s
     return Work(compute, added(terms.recompute), added(terms.tp), sum(host),
                 added(terms.flops), len(terms.device), added(terms.active), added(terms.cp),
                 ep_comm, queue.run(host, list(terms.device)), lead)
@@ -220,6 +220,11 @@ class Queue:
 
     dispatched: float = 0.0
     done: float = 0.0
+
+    @property
+    def lead_s(self) -> float:
+        """How far the host has run ahead: device work queued that it has not waited for."""
+        return max(0.0, self.done - self.dispatched)
 
     def run(self, host: list[float], device: list[float]) -> float:
         """Seconds the device idles, waiting for the host, over these kernels."""
