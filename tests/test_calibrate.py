@@ -368,3 +368,37 @@ def test_the_h100_fit_predicts_the_h200s_gemms_within_budget() -> None:
     assert len(cases) >= 60
     errors = [abs(predict(c, h200, cal) / c["median_s"] - 1) for c in cases]
     assert sum(errors) / len(errors) <= H200_GEMM_MAPE_BUDGET
+
+
+def test_products_sustained_for_a_step_run_at_the_power_limits_clock() -> None:
+    """The fit takes a sustained_gemm case's steady state over the same product's burst
+    (gemm.sustained_factor); a training step's plan costs tensor-core products at that rate,
+    fp32 ones and the micro suite's bursts as fitted."""
+    from gpusim.calibrate.fit import _fit_sustained
+    from gpusim.hardware.catalog import load_device
+    from gpusim.plan.job import TrainingJob
+    from gpusim.plan.lower import lower
+    from gpusim.workload import zoo
+
+    shape = {"precision": "bf16", "m": 8192, "n": 8192, "k": 8192}
+    run = {"cases": [{"kind": "gemm", "median_s": 1.5e-3, **shape},
+                     {"kind": "sustained_gemm", "median_s": 1.6e-3, **shape}]}
+    cal: dict[str, Any] = {"gemm": {}}
+    assert "0.9375" in _fit_sustained(cal, [run])
+    assert cal["gemm"]["sustained_factor"] == 0.9375
+    assert _fit_sustained({"gemm": {}}, [{"cases": run["cases"][:1]}]) == ""
+
+    h100 = load_device("h100-sxm")
+    fitted = calibration_for(h100)
+    factor = fitted.gemm.sustained_factor
+    assert 0.9 < factor < 1.0  # the H100's own sustained case
+    step = fitted.sustained()
+    assert step.gemm_efficiency("bf16") == pytest.approx(factor * fitted.gemm_efficiency("bf16"))
+    assert step.gemm_efficiency("fp32") == fitted.gemm_efficiency("fp32")
+    assert step.sustained() is step and fitted.sustained() is step
+    job = TrainingJob(zoo.get("gpt2"), h100, 8, "bf16")
+    burst = lower(job, fitted.model_copy(update={"gemm": fitted.gemm.model_copy(
+        update={"sustained_factor": 1.0})}))
+    sustained = lower(job, fitted)
+    assert sum(k.device_s for k in sustained.microbatch) > sum(
+        k.device_s for k in burst.microbatch)

@@ -21,22 +21,23 @@ from gpusim.sim.engine import SimResult, simulate
 # hopper fit gained long_k_slope: host-bound steps, their totals unchanged; and again when
 # it took small products' device figures from CUDA-graph replays alone, and on 2026-11-24
 # when it gained the exposed share of a product's result write, epilogue_exposed, and when
-# it pooled a fifth H100 micro run: host figures, layout and compiled-kernel factors)
+# it pooled a fifth H100 micro run: host figures, layout and compiled-kernel factors, and
+# the rate its products sustain over a step, sustained_factor)
 PINNED: list[tuple[str, str, int, dict[str, Any], float, dict[str, float], int]] = [
     ("resnet50", "a100-80gb", 256, {"precision": "bf16"}, 0.10749687770447398,
      {"forward": 0.042509230286512954, "backward": 0.06238118359868144, "recompute": 0.0,
       "optimizer": 0.0011080250832959059, "input_pipeline": 0.0014880614359836786,
       "host_dispatch": 1.037730000000292e-05, "gpu_idle": 0.0}, 2555),
-    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.029239133390841464,  # host-bound
-     {"forward": 0.000960268248691744, "backward": 0.0013297364509130018, "recompute": 0.0,
+    ("resnet50", "h100-sxm", 2, {"precision": "bf16"}, 0.029239133390841568,  # host-bound
+     {"forward": 0.0009649378991721797, "backward": 0.0013398941908454476, "recompute": 0.0,
       "optimizer": 0.0006503472830321627, "input_pipeline": 0.0,
-      "host_dispatch": 0.026298781408204557, "gpu_idle": 0.0}, 2555),
+      "host_dispatch": 0.026283954017791777, "gpu_idle": 0.0}, 2555),
     ("gpt2", "h100-sxm", 8,
      {"precision": "bf16", "seq_len": 1024, "grad_accum": 4, "loader_workers": 4},
-     0.12193660931368372,
-     {"forward": 0.014884353807912486, "backward": 0.02912338470140534, "recompute": 0.0,
+     0.12193660931368294,
+     {"forward": 0.01526388221630718, "backward": 0.030076745426569646, "recompute": 0.0,
       "optimizer": 0.003081635869147718, "input_pipeline": 0.0,
-      "host_dispatch": 0.07484723493521818, "gpu_idle": 0.0}, 4371),
+      "host_dispatch": 0.0735143458016584, "gpu_idle": 0.0}, 4371),
     ("mnist-mlp", "xeon6-2vcpu", 64, {"precision": "fp32"}, 0.0021805339601938655,  # a CPU
      {"forward": 0.0003329626009560567, "backward": 0.00048326517873158474,
       "recompute": 0.0, "optimizer": 0.0011813279205062238, "input_pipeline": 0.0,

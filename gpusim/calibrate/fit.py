@@ -183,6 +183,26 @@ def _host_figure(runs: list[dict[str, Any]], kind: str, pass_: str | None = None
     return statistics.median(values) if values else None
 
 
+def _fit_sustained(cal: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """gemm.sustained_factor: in each run with a sustained_gemm case, the same product's
+    burst time (its gemm case) over its steady-state time; the median over runs, at most 1.
+    Returns the rationale's sentence ("" where no run has the pair)."""
+    ratios = []
+    for run in runs:
+        bursts = {(c["precision"], c["m"], c["n"], c["k"]): c["median_s"]
+                  for c in run["cases"] if c["kind"] == "gemm" and "median_s" in c}
+        for c in run["cases"]:
+            key = (c.get("precision"), c.get("m"), c.get("n"), c.get("k"))
+            if c["kind"] == "sustained_gemm" and "median_s" in c and key in bursts:
+                ratios.append(bursts[key] / c["median_s"])
+    if not ratios:
+        return ""
+    factor = round(min(1.0, statistics.median(ratios)), 4)
+    cal["gemm"]["sustained_factor"] = factor
+    return (f" Products sustained for seconds run at {factor} of their bursts' rate "
+            f"(sustained_gemm, {len(ratios)} run{'s' if len(ratios) > 1 else ''}).")
+
+
 def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None,
         bound_by: list[str | Path] | None = None) -> FitResult:
     """Fit the calibration of the device measured in micro-suite file ``path`` (or in
@@ -239,6 +259,7 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
             shared = same_rate_precisions(cal, device, fitted)
     bounded = bound_by_maxima(cal, cases + [c for r in bounds for c in r["cases"]], device)
     auto = auto_attention(cal, data)
+    sustained = _fit_sustained(cal, runs)
     layers = [c for c in cases if c["kind"] == "layer_host" and "median_s" in c]
     if layers:
         fits.append(_fit_layer_host(cal, layers, device))
@@ -254,7 +275,7 @@ def fit(path: str | Path | list[str | Path], device: DeviceProfile | None = None
         "bounded_by": [results.display_path(p) for p in bound_by or []],
         "rationale": f"Fitted by gpusim calibrate on {today} to {what} "
                      f"{data['provenance'].get('date', '')[:10]} ({summary}).{shared}{bounded}"
-                     f"{auto} "
+                     f"{auto}{sustained} "
                      f"Parameters not in the suite keep the values of {base.name}.",
     })
     return FitResult(Calibration.model_validate(cal), fits,

@@ -139,6 +139,14 @@ class GemmCalibration(Frozen):
         description="per math precision, a matrix product's efficiency relative to "
                     "max_efficiency when a stored row is not a multiple of 16 bytes (e.g. "
                     "GPT-2's 50257-word vocabulary); none given: no penalty")
+    sustained_factor: Fraction = Field(
+        1.0, description="a tensor-core product's rate when products run back to back for "
+                         "seconds, as a training step runs them, over its rate in the micro "
+                         "suite's short bursts, which max_efficiency is fitted on: the SM "
+                         "clock settles to what the power limit allows (the H100's sustained "
+                         "8192^3 bf16 product: 1.62 ms a call against 1.54 in bursts, its "
+                         "clock 1980 -> ~1370 MHz at 700 W). Fitted from the micro suite's "
+                         "sustained_gemm case; none: 1")
 
 
 class MemoryCalibration(Frozen):
@@ -295,6 +303,22 @@ class Calibration(Frozen):
         """Max efficiency for ``math``; precisions the file omits use its fp32 entry."""
         return self.gemm.max_efficiency.get(math, self.gemm.max_efficiency.get("fp32", 0.7))
 
+    def sustained(self) -> Calibration:
+        """This calibration as a training step runs: its tensor-core precisions'
+        max_efficiency times gemm.sustained_factor (a step's products run for seconds, at
+        the clock the power limit allows). The copy's factor is 1, so a second call changes
+        nothing; the micro suite's bursts keep the calibration as fitted."""
+        factor = self.gemm.sustained_factor
+        if factor == 1.0:
+            return self
+        key = id(self)
+        if key not in _SUSTAINED:
+            eff = {m: e * factor if m in TENSOR_CORE_PRECISIONS else e
+                   for m, e in self.gemm.max_efficiency.items()}
+            gemm = self.gemm.model_copy(update={"max_efficiency": eff, "sustained_factor": 1.0})
+            _SUSTAINED[key] = (self, self.model_copy(update={"gemm": gemm}))
+        return _SUSTAINED[key][1]
+
 
 T = TypeVar("T")
 
@@ -340,6 +364,12 @@ def calibration_for(device: DeviceProfile, own: bool = True) -> Calibration:
         cal = _with_host_overheads(str(profiles_dir()), cal.name)
     return _with_power(cal, power_calibration_for(device))
 
+
+# The precisions matrix (tensor) cores run, whose products slow to the power limit's clock
+# when sustained (GemmCalibration.sustained_factor); fp32 and fp64 run on the SIMT units.
+TENSOR_CORE_PRECISIONS = frozenset({"tf32", "fp16", "bf16", "fp8", "int8"})
+# Calibration.sustained's copies, keyed by the source's identity (kept, so never reused).
+_SUSTAINED: dict[int, tuple[Calibration, Calibration]] = {}
 
 # Keyed by identity; each entry holds its two sources, so their ids are never reused.
 _WITH_POWER: dict[tuple[int, int], tuple[Calibration, PowerCalibration, Calibration]] = {}

@@ -312,8 +312,8 @@ def _syncs_before_step(job: TrainingJob) -> bool:
 
 def lower(job: TrainingJob, calibration: Calibration | None = None) -> StepPlan:
     """The step plan of ``job``, every kernel costed for its device (under ``calibration``
-    when given, else the device's own)."""
-    cal = calibration or calibration_for(job.device)
+    when given, else the device's own) at the rates its products sustain over a step."""
+    cal = (calibration or calibration_for(job.device)).sustained()
     host_s = host_cost(job.device, cal)
     training_host_s = host_cost(job.device, cal, autograd=True)
     # A compiled block's wrapper launches its kernels one after another: no per-op

@@ -248,7 +248,7 @@ def plan_parallel(job: ParallelJob, calibration: Calibration | None = None, *,
     (a search passes one dict to every job of one model and cluster).
     """
     p = job.parallel
-    cal = calibration or calibration_for(job.topology.gpu)
+    cal = (calibration or calibration_for(job.topology.gpu)).sustained()  # a step's rates
     host_per_op = host_cost(job.topology.gpu, cal, autograd=True)
     cache = {} if cache is None else cache
     plans, keys = _placed_chunks(job, cal, host_per_op, cache)
