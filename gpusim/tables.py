@@ -76,7 +76,7 @@ def compare_table(rows: Sequence[Comparison]) -> Table:
             f"{j['samples_per_s']:,.1f}", money(j["cost_usd"]),
             money(j["ownership_cost_usd"]), f"{j['energy_kwh']:,.1f}",
             f"{per_usd:,.0f}" if per_usd else "n/a", f"{j['samples_per_s_per_kw']:,.1f}",
-            row.setup])
+            row.setup + ("; memory tight!" if j["memory_tight"] else "")])
     return table
 
 
@@ -107,9 +107,14 @@ def sweep_table(result: SweepResult, metric: str) -> Table:
     return table
 
 
+# What the ! beside a plan's memory means (search, compare).
+TIGHT_NOTE = ("! fits only if its tensors fragment less than most runs' do (short of memory "
+              "at the median fragmentation); `gpusim memory` shows the margin")
+
+
 def search_table(rows: Sequence[dict[str, Any]]) -> Table:
     """search's ranking: rows as ``RankedConfig.to_json`` gives them; a * marks a
-    closed-form time, not simulated."""
+    closed-form time, not simulated, a ! a plan that fits only if it fragments little."""
     table = new_table(["#", "TP", "CP", "EP", "PP", "DP", "mb", "schedule", "ZeRO", "SP",
                        "recompute", "step", "MFU", "mem/GPU", "$/step"],
                       left=("schedule", "recompute"))
@@ -121,7 +126,8 @@ def search_table(rows: Sequence[dict[str, Any]]) -> Table:
             i, r["tp"], r["cp"], r["ep"], r["pp"], r["dp"], r["microbatch_size"], sched,
             r["zero"], "yes" if r["sequence_parallel"] else "no", r["recompute"],
             units.human_seconds(r["step_time_s"]) + ("" if r["simulated"] else "*"),
-            f"{100 * r['mfu']:.1f}%", units.human_bytes(r["peak_memory_per_gpu_bytes"]),
+            f"{100 * r['mfu']:.1f}%", units.human_bytes(r["peak_memory_per_gpu_bytes"])
+            + ("!" if r.get("memory_tight") else ""),
             cost])
     return table
 

@@ -106,3 +106,33 @@ def test_a_job_between_the_median_and_the_upper_quartile_is_tight() -> None:
     assert "fits, tightly" in report.summary()
     small, _ = build_job("gpt2", "h100-sxm", 8, precision="bf16")
     assert memory_plan(small).fits and not memory_plan(small).tight
+
+
+
+def test_search_and_compare_mark_a_plan_that_fits_only_if_it_fragments_little(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan short of memory at the median fragmentation but within the lower quartile's
+    is kept, and search's and compare's tables and JSON say it is tight."""
+    from gpusim.cli import main
+    from gpusim.explore.compare import compare
+    from gpusim.explore.search import Ranked
+    from gpusim.plan.parallel_job import ParallelConfig
+    from gpusim.tables import TIGHT_NOTE, search_table
+
+    tight = estimate("gpt2-large", "a100-80gb", 29, precision="bf16")
+    assert tight.step.memory_free_bytes is not None and tight.step.memory_free_bytes < 0
+    (row,) = compare("gpt2-large", ["a100-80gb"], batch_size=29, precision="bf16")
+    assert row.fits and row.to_json()["memory_tight"] is True
+    (roomy,) = compare("gpt2-large", ["a100-80gb"], batch_size=8, precision="bf16")
+    assert roomy.to_json()["memory_tight"] is False
+    assert main(["compare", "--model", "gpt2-large", "--gpus", "a100-80gb",
+                 "--batch-size", "29", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "memory tight!" in out and TIGHT_NOTE in out
+
+    ranked = Ranked(ParallelConfig(data=1, microbatch_size=29), "none", 1.0, True, 7e10, 0.4,
+                    tight=True)
+    cells = ranked.to_json(batch=29, tokens=1024, usd_per_gpu_hour=None, num_gpus=1)
+    assert cells["memory_tight"] is True
+    (memory,) = search_table([cells]).columns[13].cells
+    assert str(memory).endswith("!")

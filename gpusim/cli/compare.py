@@ -18,7 +18,7 @@ from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.job import OPTIMIZERS
 from gpusim.pricing import ELECTRICITY_USD_PER_KWH, LIFETIME_YEARS, PUE, Pricing
 from gpusim.progress import ProgressBar
-from gpusim.tables import compare_table
+from gpusim.tables import TIGHT_NOTE, compare_table
 
 
 def add_parsers(sub: Any) -> None:
@@ -145,6 +145,8 @@ def run_compare(args: argparse.Namespace) -> int:
                            if args.budget_usd else "")
             print(f"{first.model}: {run}{budget_line}\n")
         show(compare_table(rows))
+        if any(r.to_json()["memory_tight"] for r in rows):
+            print(f"\n{TIGHT_NOTE}")
         if why:
             print("\nwhy:")
             print("\n".join(f"  {line}" for line in why))

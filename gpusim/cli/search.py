@@ -13,7 +13,7 @@ from gpusim.estimation import resolve_model, resolve_topology
 from gpusim.explore.search import search
 from gpusim.plan.job import OPTIMIZERS
 from gpusim.progress import ProgressBar
-from gpusim.tables import search_table
+from gpusim.tables import TIGHT_NOTE, search_table
 
 
 def add_parsers(sub: Any) -> None:
@@ -76,6 +76,8 @@ def run_search(args: argparse.Namespace) -> int:
     show(search_table(rows))
     if any(not r["simulated"] for r in rows):
         print("\n* closed-form estimate, not simulated")
+    if any(r["memory_tight"] for r in rows):
+        print(f"\n{TIGHT_NOTE}")
     if result.rejected:
         config, why = result.rejected[0]
         print(f"\nset aside, for example: {config}: {why}")

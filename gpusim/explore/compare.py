@@ -84,6 +84,9 @@ class Comparison:
             "average_power_w": r.average_power_w * self.num_devices if r else None,
             "tdp_w": tdp,
             "peak_memory_per_device_bytes": r.step.peak_memory_bytes if r else None,
+            # short at the median fragmentation: it runs only if it fragments little
+            "memory_tight": bool(r and r.step.memory_free_bytes is not None
+                                 and r.step.memory_free_bytes < 0),
             "mfu": r.step.mfu if r else None,
             "calibration": r.calibration if r else None,
         }

@@ -61,6 +61,8 @@ class Ranked:
     simulated: bool  # True: from the SimPy simulation; False: the closed form
     peak_memory_bytes: float
     mfu: float
+    # fits only if its tensors fragment less than most runs' do (MemoryPlan.tight)
+    tight: bool = False
 
     def to_json(self, *, batch: int, tokens: int | None, usd_per_gpu_hour: float | None,
                 num_gpus: int) -> dict[str, Any]:
@@ -76,7 +78,7 @@ class Ranked:
                 "samples_per_s": batch / self.step_time_s,
                 "tokens_per_s": batch * tokens / self.step_time_s if tokens else None,
                 "cost_per_step_usd": cost, "peak_memory_per_gpu_bytes": self.peak_memory_bytes,
-                "mfu": self.mfu}
+                "memory_tight": self.tight, "mfu": self.mfu}
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,7 @@ def search(model: Model, topology: Topology, batch: int, *,
     options = list(candidates(model, topology, batch))
     chunk_cache: dict[Any, Any] = {}
     cal = calibration_for(topology.gpu)  # the same for every job: looked up once
-    fits: list[tuple[float, ParallelJob, float]] = []
+    fits: list[tuple[float, ParallelJob, float, bool]] = []
     rejected: list[tuple[str, str]] = []
     # Recompute modes come in order of the work they re-run; once a split fits with one,
     # the later ones can only be slower.
@@ -258,7 +260,8 @@ def search(model: Model, topology: Topology, batch: int, *,
             rejected.append((label, exc.summary.split(";")[0]))
             continue
         fitted.add(config)
-        fits.append((closed_form_step(plan), job, max(m.peak_bytes for m in mems)))
+        fits.append((closed_form_step(plan), job, max(m.peak_bytes for m in mems),
+                     any(m.tight for m in mems)))
     if progress:
         progress(len(options), len(options))
     fits.sort(key=lambda f: f[0])
@@ -266,14 +269,14 @@ def search(model: Model, topology: Topology, batch: int, *,
     # simulations allocate hundreds of thousands of events, and each of Python's full
     # collections meanwhile walks whatever is still alive.
     best = []
-    for _, job, _ in fits[:top]:
+    for _, job, _, _ in fits[:top]:
         plan = plan_parallel(job, cal, cache=chunk_cache)
         best.append((plan, [stage_memory(plan, stage) for stage in plan.stages]))
     chunk_cache.clear()
     ranked = []
     flops = batch * model.training_flops_per_sample
     peaks: dict[Any, float] = {}  # the MFU's peak, by the numerics it is taken at
-    for k, (seconds, job, peak) in enumerate(fits):
+    for k, (seconds, job, peak, tight) in enumerate(fits):
         simulated = k < top
         if simulated:
             step = simulate_parallel_step(job, trace=False, planned=best[k])
@@ -283,7 +286,8 @@ def search(model: Model, topology: Topology, batch: int, *,
             if numerics not in peaks:
                 peaks[numerics] = mfu_peak(topology.gpu, model, numerics)
             mfu = flops / seconds / (peaks[numerics] * topology.num_gpus)
-        ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu))
+        ranked.append(Ranked(job.parallel, job.checkpointing, seconds, simulated, peak, mfu,
+                             tight))
     ranked.sort(key=lambda r: r.step_time_s)
     return SearchResult(tuple(ranked), tuple(rejected), len(options),
                         time.perf_counter() - start, dominated, chosen)
