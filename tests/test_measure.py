@@ -216,3 +216,24 @@ def test_written_out_attention_is_timed_and_predicted_as_unfused_attention() -> 
     plain = cal.model_copy(update={"memory": cal.memory.model_copy(
         update={"kernel_factors": {}})})
     assert predict(case, gpu, cal) > predict(case, gpu, plain)
+
+
+def test_fp32_sdpa_is_timed_but_kept_out_of_the_16_bit_attention_fits() -> None:
+    """The micro suite times fp32 SDPA on a GPU (the efficient and math backends run fp32
+    models' attention on other units than 16-bit tensor cores): the case times in fp32,
+    and calibration's SDPA groups leave it out until an fp32 group of its own exists."""
+    import torch
+
+    from gpusim.calibrate.groups import fit_groups
+    from gpusim.hardware.catalog import load_gpu
+    from gpusim.measure import micro_layers
+
+    shape = {"batch": 2, "heads": 2, "kv_heads": 2, "seq": 64, "head_dim": 16, "causal": True}
+    timed = micro_layers.time_sdpa(shape, "math", torch.device("cpu"), 2, torch.float32)
+    assert timed["forward"].median_s > 0 and timed["backward"].median_s > 0
+    base = {"kind": "sdpa", **shape, "pass": "forward", "median_s": 1e-3}
+    cases = [{**base, "id": f"sdpa/{p}/{b}", "precision": p, "backend": b}
+             for p in ("bf16", "fp32") for b in ("efficient", "auto")]
+    grouped = {c["id"] for _, group, _ in fit_groups(cases, load_gpu("h100-sxm"))
+               for c in group}
+    assert grouped == {"sdpa/bf16/efficient", "sdpa/bf16/auto"}

@@ -135,8 +135,10 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
         return [c for c in cases if "median_s" in c and c.get("fit", True) and pred(c)]
 
     def sdpa(backend: str) -> list[dict[str, Any]]:
-        """SDPA restricted to one backend: that kernel's own efficiency."""
-        return of(lambda c: c["kind"] == "sdpa" and c.get("backend") == backend)
+        """SDPA restricted to one backend: that kernel's own efficiency (16-bit inputs:
+        fp32 SDPA runs on other units and has no group of its own yet)."""
+        return of(lambda c: c["kind"] == "sdpa" and c.get("backend") == backend
+                  and c.get("precision") != "fp32")
 
     def kernel_params(kernel: str, cases: list[dict[str, Any]]) -> list[tuple[Path_, str]]:
         """A kernel's forward and backward factors; one factor for both where every case
@@ -211,7 +213,8 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
     row_families = sorted({row_family(c, device) for c in rows})
     conv = of(lambda c: c["kind"] == "conv")
     auto = of(lambda c: c["kind"] == "attention"
-              or (c["kind"] == "sdpa" and c.get("backend") == "auto"))
+              or (c["kind"] == "sdpa" and c.get("backend") == "auto"
+                  and c.get("precision") != "fp32"))
     conv_math = sorted({numerics(c["precision"], device).conv for c in conv})
     out: list[Group] = [
         ("memory", memory, memory_params),

@@ -57,17 +57,17 @@ def default_sdpa_backend(shape: dict[str, Any], precision: str, device: torch.de
 
 
 def time_sdpa(shape: dict[str, Any], backend: str | None, device: torch.device,
-              repeats: int) -> dict[str, Timing]:
-    """Forward and backward of bf16 SDPA restricted to one backend (``None``: PyTorch's own
-    choice), with grouped-query attention when ``kv_heads`` < ``heads``."""
+              repeats: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, Timing]:
+    """Forward and backward of SDPA (bf16 unless ``dtype`` says) restricted to one backend
+    (``None``: PyTorch's own choice), with grouped-query attention when ``kv_heads`` <
+    ``heads``."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     kinds = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
              "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
     b, s, d = shape["batch"], shape["seq"], shape["head_dim"]
     gqa = shape["kv_heads"] != shape["heads"]
-    q = torch.randn(b, shape["heads"], s, d, device=device, dtype=torch.bfloat16,
-                    requires_grad=True)
-    k, v = (torch.randn(b, shape["kv_heads"], s, d, device=device, dtype=torch.bfloat16,
+    q = torch.randn(b, shape["heads"], s, d, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, shape["kv_heads"], s, d, device=device, dtype=dtype,
                         requires_grad=True) for _ in range(2))
 
     def forward() -> Any:
