@@ -460,12 +460,13 @@ def test_one_gpu_and_data_parallel_gpus_cost_a_replica_alike(model: str, precisi
                                                            per_gpu: int) -> None:
     """Host-bound, device-bound and mixed steps: N data-parallel GPUs each run what one GPU
     runs, so a step takes as long as on one GPU plus the gradient reduction (the many-GPU
-    planner had no host-dispatch wait and ran GPT-2 bf16 11% faster on 2). Within 1%: the
-    one-GPU engine also overlaps the optimizer's Python with the backward's last kernels."""
+    planner had no host-dispatch wait and ran GPT-2 bf16 11% faster on 2). Both overlap
+    torch.optim's Python with the backward the host queued ahead (ResNet-50 on 2 GPUs was 5.5%
+    slower than on one while the planner ran it after the backward), so within 2%."""
     one = estimate(model, "h100-sxm", per_gpu, precision=precision).step
     for n in (2, 8):
         many = estimate(model, "h100-sxm", n * per_gpu, precision=precision, num_gpus=n).step
-        assert 0.99 * one.step_time_s <= many.step_time_s <= 1.05 * one.step_time_s
+        assert 0.99 * one.step_time_s <= many.step_time_s <= 1.02 * one.step_time_s
         assert many.breakdown_s["host_dispatch"] == pytest.approx(
             one.breakdown_s["host_dispatch"], rel=0.25, abs=0.02 * one.step_time_s)
 
