@@ -76,7 +76,7 @@ def compare_table(rows: Sequence[Comparison]) -> Table:
             f"{j['samples_per_s']:,.1f}", money(j["cost_usd"]),
             money(j["ownership_cost_usd"]), f"{j['energy_kwh']:,.1f}",
             f"{per_usd:,.0f}" if per_usd else "n/a", f"{j['samples_per_s_per_kw']:,.1f}",
-            row.setup + ("; memory tight!" if j["memory_tight"] else "")])
+            row.setup + ("; memory tight!" if row.tight else "")])
     return table
 
 
@@ -127,7 +127,7 @@ def search_table(rows: Sequence[dict[str, Any]]) -> Table:
             r["zero"], "yes" if r["sequence_parallel"] else "no", r["recompute"],
             units.human_seconds(r["step_time_s"]) + ("" if r["simulated"] else "*"),
             f"{100 * r['mfu']:.1f}%", units.human_bytes(r["peak_memory_per_gpu_bytes"])
-            + ("!" if r.get("memory_tight") else ""),
+            + ("!" if r["memory_tight"] else ""),
             cost])
     return table
 

@@ -145,7 +145,7 @@ def run_compare(args: argparse.Namespace) -> int:
                            if args.budget_usd else "")
             print(f"{first.model}: {run}{budget_line}\n")
         show(compare_table(rows))
-        if any(r.to_json()["memory_tight"] for r in rows):
+        if any(r.tight for r in rows):
             print(f"\n{TIGHT_NOTE}")
         if why:
             print("\nwhy:")

@@ -49,6 +49,12 @@ class Comparison:
         return self.result is not None
 
     @property
+    def tight(self) -> bool:
+        """Short of memory at the median fragmentation: it runs only if it fragments little."""
+        free = self.result.step.memory_free_bytes if self.result else None
+        return free is not None and free < 0
+
+    @property
     def time_to_train_s(self) -> float | None:
         return self.result.time_to_train_s if self.result else None
 
@@ -84,9 +90,7 @@ class Comparison:
             "average_power_w": r.average_power_w * self.num_devices if r else None,
             "tdp_w": tdp,
             "peak_memory_per_device_bytes": r.step.peak_memory_bytes if r else None,
-            # short at the median fragmentation: it runs only if it fragments little
-            "memory_tight": bool(r and r.step.memory_free_bytes is not None
-                                 and r.step.memory_free_bytes < 0),
+            "memory_tight": self.tight,
             "mfu": r.step.mfu if r else None,
             "calibration": r.calibration if r else None,
         }
