@@ -4,6 +4,7 @@ device and for many."""
 from __future__ import annotations
 
 from gpusim import units
+from gpusim.cost.kernels import FP32_ATTENTION
 from gpusim.hardware.calibration import calibration_for
 from gpusim.hardware.power import compute_rate_factor
 from gpusim.hardware.profile import DeviceProfile
@@ -228,14 +229,22 @@ OFFLOAD_TEXT = {
 }
 
 
-def attention_unmeasured(framework: Stack, device: DeviceProfile) -> str:
-    """A note when a named attention kernel has no efficiency of its own in the device's
-    calibration (so the default fused kernel's stands in), else ''."""
+def attention_unmeasured(framework: Stack, device: DeviceProfile, fp32: bool = False) -> str:
+    """A note when the attention kernel that runs has no efficiency of its own in the
+    device's calibration (so the default fused kernel's stands in), or when ``fp32`` inputs
+    make SDPA run another kernel than the one named, else ''."""
     kernel = framework.attention
-    if kernel in ("auto", "math"):
+    if kernel == "math":
         return ""
     cal = calibration_for(device)
-    if kernel in cal.gemm.attention_kernels:
+    if fp32 and device.is_gpu:
+        swapped = (f"{kernel} attention takes 16-bit inputs only: on fp32 ones SDPA's "
+                   f"memory-efficient kernel runs; " if kernel != "auto" else "")
+        if FP32_ATTENTION in cal.gemm.attention_kernels:
+            return swapped.removesuffix("; ")
+        return (f"{swapped}fp32 attention: no efficiency measured for it in calibration "
+                f"{cal.name}; costed as the default fused attention kernel")
+    if kernel == "auto" or kernel in cal.gemm.attention_kernels:
         return ""
     return (f"{kernel} attention: no efficiency measured for it in calibration {cal.name}; "
             f"costed as the default fused attention kernel")

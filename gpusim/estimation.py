@@ -47,6 +47,7 @@ from gpusim.sim.engine import simulate
 from gpusim.sim.pipeline import simulate_pipeline
 from gpusim.sim.ranks import Straggler
 from gpusim.stack import Stack, load_stack
+from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Conv2d
 from gpusim.workload.lora import LORA_SUFFIX
 from gpusim.workload.model import Model
@@ -315,7 +316,9 @@ def estimate(
     framework = job.stack or load_stack(stack).with_attention(attention)
     if job.model.family == "transformer" or stack is not None or attention is not None:
         assumptions.insert(0, framework.describe())
-    unmeasured = attention_unmeasured(framework, device)
+    fp32_attention = job.precision in ("fp32", "tf32") and any(
+        isinstance(layer, Attention) and layer.fused for layer in job.model.layers)
+    unmeasured = attention_unmeasured(framework, device, fp32_attention)
     if unmeasured:
         assumptions.insert(0, unmeasured)
     if precision == AUTO_PRECISION:

@@ -120,3 +120,46 @@ def test_flashattentions_triton_kernel_runs_slower_than_flashattention_2() -> No
         flash2 = estimate(gpu=gpu, attention="flash2", **LLAMA)
         assert triton.step.step_time_s > flash2.step.step_time_s
         assert not any("no efficiency measured" in a for a in triton.assumptions)
+
+
+def test_fp32_attention_runs_the_efficient_kernels_fp32_products_whatever_the_tf32_flag() -> None:
+    """On fp32 inputs SDPA has one fused kernel (FlashAttention and cuDNN take 16-bit only):
+    the memory-efficient one, computing in fp32 whether TF32 is allowed or not, writing
+    (batch, seq, heads, dim) so merging the heads is a view. Under autocast the kernel
+    computes in the 16-bit type and the stated layout holds."""
+    from gpusim.cost.kernels import FP32_ATTENTION, attention_key
+    from gpusim.workload.numerics import Numerics
+
+    att = Attention("attn", heads=12, head_dim=64, seq=1024, causal=True)
+    for num in (Numerics("fp32", "tf32", "fp32"), Numerics("tf32", "tf32", "fp32")):
+        ops = att.forward(2, num) + att.backward_input(2, num)
+        fused = [op for op in ops if op.kind == "attention"]
+        assert [op.math for op in fused] == ["fp32", "fp32"]
+        assert {attention_key(op) for op in fused} == {FP32_ATTENTION}
+        assert not any("merge_heads" in op.name or "split_heads" in op.name for op in ops)
+        assert att.shared_output_bytes(2, num) == att.output_bytes(2, num) > 0
+    bf16 = Numerics("bf16", "bf16", "bf16")
+    ops = att.forward(2, bf16)
+    assert [op.math for op in ops if op.kind == "attention"] == ["bf16"]
+    assert any("merge_heads" in op.name for op in ops)
+
+
+def test_hopper_fp32_attention_has_its_own_fit_and_the_named_kernel_says_what_runs() -> None:
+    """The Hopper calibration fits fp32 attention on the H100's own fp32 SDPA timings
+    (measurements/h100-sxm/micro-sdpa32.json), and a model in fp32 is costed by it: naming
+    a 16-bit-only kernel changes nothing but a note saying SDPA's efficient kernel runs."""
+    from gpusim.cost.kernels import FP32_ATTENTION
+
+    cal = calibration_for(_h100())
+    assert FP32_ATTENTION in cal.gemm.attention_kernels
+    assert "measurements/h100-sxm/micro-sdpa32.json" in cal.fitted_on
+    job = {"model": "gpt2", "batch_size": 4, "seq_len": 1024, "precision": "fp32"}
+    auto = estimate(gpu="h100-sxm", **job)
+    named = estimate(gpu="h100-sxm", attention="flash2", **job)
+    assert named.step.step_time_s == pytest.approx(auto.step.step_time_s)
+    assert any("takes 16-bit inputs only" in a for a in named.assumptions)
+    assert not any("no efficiency measured" in a for a in auto.assumptions)
+    # On an architecture without an fp32 attention fit, the default kernel's stands in,
+    # and the estimate says so.
+    ampere = estimate(gpu="a100-80gb", **job)
+    assert any("fp32 attention: no efficiency measured" in a for a in ampere.assumptions)

@@ -402,3 +402,18 @@ def test_products_sustained_for_a_step_run_at_the_power_limits_clock() -> None:
     sustained = lower(job, fitted)
     assert sum(k.device_s for k in sustained.microbatch) > sum(
         k.device_s for k in burst.microbatch)
+
+
+def test_the_fp32_attention_micro_file_is_the_conversion_of_the_committed_probes() -> None:
+    """micro-sdpa32.json is derived, never edited: converting the GPU probes' fp32 SDPA
+    rows again gives the committed file, the efficient backend's rows only, each shape's
+    forward and forward with backward."""
+    from gpusim.measure import probe_cases
+
+    folder = results.measurements_dir() / "h100-sxm"
+    fresh = probe_cases.convert_file(folder / "probes.json")
+    committed = json.loads((folder / probe_cases.OUTPUT_NAME).read_text())
+    assert committed == fresh
+    assert {c["backend"] for c in fresh["cases"]} == {"efficient"}
+    assert {c["pass"] for c in fresh["cases"]} == {"forward", "forward_backward"}
+    assert len(fresh["cases"]) == 10

@@ -218,13 +218,15 @@ def test_written_out_attention_is_timed_and_predicted_as_unfused_attention() -> 
     assert predict(case, gpu, cal) > predict(case, gpu, plain)
 
 
-def test_fp32_sdpa_is_timed_but_kept_out_of_the_16_bit_attention_fits() -> None:
-    """The micro suite times fp32 SDPA on a GPU (the efficient and math backends run fp32
-    models' attention on other units than 16-bit tensor cores): the case times in fp32,
-    and calibration's SDPA groups leave it out until an fp32 group of its own exists."""
+def test_fp32_sdpa_is_timed_and_fitted_apart_from_the_16_bit_attention() -> None:
+    """The micro suite times fp32 SDPA on a GPU (its memory-efficient kernel runs fp32
+    products, not the 16-bit kernels' tensor-core ones): the case times in fp32, the 16-bit
+    SDPA groups leave it out, and a group of its own fits it, SDPA's choice and the
+    efficient backend alike (the one kernel SDPA has for fp32)."""
     import torch
 
     from gpusim.calibrate.groups import fit_groups
+    from gpusim.cost.kernels import FP32_ATTENTION
     from gpusim.hardware.catalog import load_gpu
     from gpusim.measure import micro_layers
 
@@ -233,7 +235,11 @@ def test_fp32_sdpa_is_timed_but_kept_out_of_the_16_bit_attention_fits() -> None:
     assert timed["forward"].median_s > 0 and timed["backward"].median_s > 0
     base = {"kind": "sdpa", **shape, "pass": "forward", "median_s": 1e-3}
     cases = [{**base, "id": f"sdpa/{p}/{b}", "precision": p, "backend": b}
-             for p in ("bf16", "fp32") for b in ("efficient", "auto")]
-    grouped = {c["id"] for _, group, _ in fit_groups(cases, load_gpu("h100-sxm"))
-               for c in group}
-    assert grouped == {"sdpa/bf16/efficient", "sdpa/bf16/auto"}
+             for p in ("bf16", "fp32") for b in ("efficient", "auto", "math")]
+    groups = {name: ({c["id"] for c in group}, params)
+              for name, group, params in fit_groups(cases, load_gpu("h100-sxm"))}
+    sixteen = {i for name, (ids, _) in groups.items() if name != "attention fp32" for i in ids}
+    assert sixteen == {"sdpa/bf16/efficient", "sdpa/bf16/auto"}
+    ids, params = groups["attention fp32"]
+    assert ids == {"sdpa/fp32/efficient", "sdpa/fp32/auto"}
+    assert (("gemm", "attention_kernels", FP32_ATTENTION, "forward"), "factor") in params

@@ -175,34 +175,37 @@ EXPECTED_ESTIMATES: dict[str, tuple[float, float, float]] = {
 # medium on 16 H100s 67.2 -> 62.3 ms), compiled torchtitan Llama 3 8B +5.2%, the rest
 # within 1%; the H100 search keeps its best ten, reordered; and again the same day when a
 # step's products came to run at their sustained rate: its best ten kept, their order moved
+# re-recorded (2026-11-24): the hopper fit gained fp32 attention's own factors, which moved
+# its host figure for an attention layer's backward (313.7 -> 327.3 us): the H100 search's
+# best ten keep their ranks, each 0.33 ms (0.5%) slower; the A100 search is unchanged
 EXPECTED_SEARCHES: dict[str, dict[str, Any]] = {
     "gpt2-medium-h100x16": {
         "counts": (2240, 560, 0, 1680),
         "best": [
             ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-3, recompute none",
-             0.062344900876267005, True, 6769735936.0, 0.15276937838261803),
+             0.06267130087626695, True, 6769735936.0, 0.15197373628796096),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-3, sequence parallel, recompute none",
-             0.06246228045856202, True, 5926444800.0, 0.15248229302981994),
+             0.06278868045856194, True, 5926444800.0, 0.15168963072060374),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-1, sequence parallel, recompute none",
-             0.0626598468563398, False, 6700319232.0, 0.1520015166016894),
+             0.06298624685633972, False, 6700319232.0, 0.15121383202775474),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-2, sequence parallel, recompute none",
-             0.0626598468563398, False, 6077280256.0, 0.1520015166016894),
+             0.06298624685633972, False, 6077280256.0, 0.15121383202775474),
             ("TP 2 x PP 1 x DP 8, microbatch 8, sequence parallel, recompute none",
-             0.06294895227992413, False, 8569436160.0, 0.15130341979068643),
+             0.06327535227992405, False, 8569436160.0, 0.15052293521904483),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-3, recompute none",
-             0.06336056490300654, True, 6954049280.0, 0.1503204993006826),
+             0.06368696490300646, True, 6954049280.0, 0.14955009658096663),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-1, recompute none",
-             0.06355813130078432, False, 7727923712.0, 0.1498532376151801),
+             0.06388453130078424, False, 7727923712.0, 0.1490876047497327),
             ("TP 2 x PP 1 x DP 8, microbatch 8, ZeRO-2, recompute none",
-             0.06355813130078432, False, 7104884736.0, 0.1498532376151801),
+             0.06388453130078424, False, 7104884736.0, 0.1490876047497327),
             ("TP 2 x PP 1 x DP 8, microbatch 8, recompute none",
-             0.06384723672436865, False, 9597040640.0, 0.14917469010147563),
+             0.06417363672436857, False, 9597040640.0, 0.1484159576790287),
             ("TP 1 x PP 1 x DP 16, microbatch 4, ZeRO-1, recompute none",
-             0.06609506376666746, False, 10220008960.0, 0.1441014080237035),
+             0.06642146376666738, False, 10220008960.0, 0.14339328301543577),
         ],
-        "order": "4cef9b2177bcce2e",
-        "step_sums": (211.76757579160835, 85899.52281507585),
-        "peak_sums": (2040675265280.0, 406375459913216.0),
+        "order": "a6cd250ab31f1888",
+        "step_sums": (212.78250072494163, 86334.19358783687),
+        "peak_sums": (2040675265280.0, 406261597185280.0),
         "rejected": "e3b0c44298fc1c14",
     },
     "llama3-8b-a100x32": {

@@ -15,6 +15,7 @@ from gpusim.calibrate.micro_ops import (
     numerics,
     row_family,
 )
+from gpusim.cost.kernels import FP32_ATTENTION
 from gpusim.hardware.calibration import GemmCalibration
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.workload.attention import UNFUSED_ATTENTION
@@ -136,7 +137,7 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
 
     def sdpa(backend: str) -> list[dict[str, Any]]:
         """SDPA restricted to one backend: that kernel's own efficiency (16-bit inputs:
-        fp32 SDPA runs on other units and has no group of its own yet)."""
+        fp32 SDPA runs other products, fitted apart below)."""
         return of(lambda c: c["kind"] == "sdpa" and c.get("backend") == backend
                   and c.get("precision") != "fp32")
 
@@ -151,6 +152,10 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
     per_kernel: list[Group] = [
         (f"attention {kernel}", sdpa(backend), kernel_params(kernel, sdpa(backend)))
         for backend, kernel in SDPA_KERNELS.items()]
+    # SDPA on fp32 inputs: its memory-efficient kernel, whichever backend was asked for
+    # that takes them (cost.kernels.FP32_ATTENTION)
+    fp32_attention = of(lambda c: c["kind"] == "sdpa" and c.get("precision") == "fp32"
+                        and c.get("backend") in ("efficient", "auto"))
 
     # Small copies timed in a loop measure how fast the host issues them; where CUDA-graph
     # replays give their device time, those stand for the small sizes instead.
@@ -243,6 +248,7 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
           (("gemm", "attention_backward_factor"), "factor"),
           *overhead_param("auto", [c for c in auto if c["kind"] == "sdpa"])]),
         *per_kernel,
+        ("attention fp32", fp32_attention, kernel_params(FP32_ATTENTION, fp32_attention)),
         # Attention written out in PyTorch: its score-sized products and softmax together,
         # relative to a plain copy's rate (workload.attention.UNFUSED_ATTENTION).
         ("unfused attention", sdpa("unfused"),

@@ -284,8 +284,9 @@ def predict(case: dict[str, Any], device: DeviceProfile, cal: Calibration) -> fl
     if kernel_timed(case):
         return sum(kernel_cost(op, device, cal).seconds for op in case_ops(case, device))
     seconds = loop_seconds(case_ops(case, device), device, cal)
-    if case.get("pass") == "backward":
-        # Timed as one backward() call per sample (measure.micro), which pays the call's
-        # own cost: entering the autograd engine and waiting for it.
+    if case.get("pass") in ("backward", "forward_backward"):
+        # Timed with one backward() call per sample (measure.micro; the GPU probes' forward
+        # and backward), which pays the call's own cost: entering the autograd engine and
+        # waiting for it.
         seconds += units.us(cal.overhead.backward_call_us)
     return seconds

@@ -105,6 +105,18 @@ def key_blocks_per_query_block(shape: AttentionShape) -> float:
     return float(cols)
 
 
+# The calibration's key for fused attention on fp32 inputs: SDPA's memory-efficient kernel
+# running fp32 products (workload.attention.fused_math), whose rate the 16-bit kernels'
+# factors do not describe. Not fitted: the default kernel's.
+FP32_ATTENTION = "fp32"
+
+
+def attention_key(op: Op) -> str:
+    """The calibration key of a fused attention op: its kernel's name (empty: the default
+    kernel), or FP32_ATTENTION for every kernel on fp32 inputs."""
+    return FP32_ATTENTION if op.math == "fp32" else op.kernel
+
+
 def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     """Seconds ``op`` occupies the device's compute stream."""
     bandwidth = (device.memory_bandwidth * memory_efficiency(op.bytes, cal)
@@ -124,20 +136,21 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
         if op.kind == "conv":
             eff *= cal.gemm.conv_factors.get(op.math, cal.gemm.conv_factor)
         elif op.kind == "attention":
-            eff *= cal.attention_efficiency(op.kernel, op.family == "attention_backward")
+            kernel = attention_key(op)
+            eff *= cal.attention_efficiency(kernel, op.family == "attention_backward")
             if op.attention is not None:
                 eff *= attention_tiling(op.attention)
-                fixed = cal.attention_overhead(op.kernel)  # key blocks per query block
+                fixed = cal.attention_overhead(kernel)  # key blocks per query block
                 if fixed:
                     blocks = key_blocks_per_query_block(op.attention)
-                    longest = cal.attention_longest(op.kernel)
+                    longest = cal.attention_longest(kernel)
                     if longest is not None:
                         blocks = min(blocks, longest)
                     eff *= (blocks / (blocks + fixed)
                             * (REFERENCE_KEY_BLOCKS + fixed) / REFERENCE_KEY_BLOCKS)
-                width = cal.attention_width(op.kernel)  # the softmax, in head-dim units
+                width = cal.attention_width(kernel)  # the softmax, in head-dim units
                 if width:
-                    widest = cal.attention_widest(op.kernel)
+                    widest = cal.attention_widest(kernel)
                     d = op.attention.head_dim if widest is None else min(
                         op.attention.head_dim, widest)
                     eff *= d / (d + width) * (REFERENCE_HEAD_DIM + width) / REFERENCE_HEAD_DIM

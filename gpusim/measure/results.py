@@ -45,6 +45,12 @@ def _read(path: Path) -> Any:
         raise InvalidMeasurement(f"{path}: not a readable JSON file ({exc})") from exc
 
 
+def read_json(path: str | Path) -> Any:
+    """A measurement-side JSON file that is no suite (the GPU probes' output), read with the
+    same checks as a suite's."""
+    return _read(Path(path))
+
+
 def _check_cases(path: Path, cases: Any) -> None:
     if not isinstance(cases, list):
         raise InvalidMeasurement(f"{path}: 'cases' must be a list")

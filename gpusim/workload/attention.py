@@ -23,6 +23,14 @@ from gpusim.workload.ops import (
 UNFUSED_ATTENTION = "unfused_attention"
 
 
+def fused_math(num: Numerics) -> str:
+    """The math of a fused attention kernel: the training's 16-bit type, or on fp32 inputs
+    fp32 whether TF32 is allowed or not. FlashAttention and cuDNN take 16-bit inputs only,
+    so SDPA runs fp32 attention in its memory-efficient kernel, whose fp32 products are
+    its own (PyTorch's mem_eff_attention picks them by input type, not by the TF32 flag)."""
+    return "fp32" if num.activation == "fp32" else num.matmul
+
+
 @dataclass(frozen=True)
 class Attention(Layer):
     """Scaled dot-product attention after the Q, K, V projections.
@@ -147,12 +155,17 @@ class Attention(Layer):
         return [memory_op(f"{self.name}.repeat_kv", grouped, full, num.act_bytes, 0,
                           layer=self.name)]
 
+    def _merges(self, num: Numerics) -> bool:
+        """Whether merging the heads copies (``merge_copy``); on fp32 inputs a fused kernel
+        is SDPA's memory-efficient one, which writes (batch, seq, heads, dim): a view."""
+        return self.merge_copy and not (self.fused and fused_math(num) == "fp32")
+
     def forward(self, n: int, num: Numerics) -> list[Op]:
         out = n * self.out_elements
         ops = self._repeat_kv(n, num, backward=False)
         if self.fused:
             ops += [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
-                      self._qkvo_elements(n) * num.act_bytes, num.matmul,
+                      self._qkvo_elements(n) * num.act_bytes, fused_math(num),
                       alloc_bytes=out * num.act_bytes, kernel=self.kernel,
                       attention=self._shape(n), layer=self.name)]
         else:
@@ -170,7 +183,7 @@ class Attention(Layer):
             ops += self._score_gemms(n, ("av",), num)
         if self.fused and self.cp_steps > 1:
             ops += self._ring_forward(n, num)
-        if self.merge_copy:
+        if self._merges(num):
             ops.append(self._layout("merge_heads", out, num))
         return self._tag(ops)
 
@@ -210,12 +223,13 @@ class Attention(Layer):
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
         ops = [self._layout("split_heads_grad", n * self.out_elements, num)] \
-            if self.merge_copy else []
+            if self._merges(num) else []
         if self.fused:
             moved = (self._qkvo_elements(n) * 2) * num.act_bytes
             grads = self._qkvo_elements(n) * num.act_bytes / 2  # dq, dk, dv
             ops.append(Op(f"{self.name}.flash_bwd", "attention", 2.5 * self._fused_flops(n),
-                          moved, num.matmul, alloc_bytes=grads, family="attention_backward",
+                          moved, fused_math(num), alloc_bytes=grads,
+                          family="attention_backward",
                           kernel=self.kernel, attention=self._shape(n), layer=self.name))
         else:
             scores = n * self.heads * self.seq**2
@@ -265,7 +279,7 @@ class Attention(Layer):
     def shared_output_bytes(self, n: int, num: Numerics) -> float:
         """What the output projection keeps of this layer's own tensors: the kernel's
         output itself when merging the heads is a view (``merge_copy`` False)."""
-        return 0.0 if self.merge_copy else self.output_bytes(n, num)
+        return 0.0 if self._merges(num) else self.output_bytes(n, num)
 
 
 @dataclass(frozen=True)
