@@ -107,3 +107,25 @@ def test_collectives_as_kernels(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["kernel", "--gpu", "h100-sxm", "--op", "allgather", "--gpus", "1",
                  "--bytes", "1024"]) == 2
     assert main(["kernel", "--op", "gemm", "--m", "8", "--n", "8", "--k", "8"]) == 2
+
+
+def test_fp32_attention_as_a_kernel_beside_its_measurements() -> None:
+    """SDPA on fp32 inputs is the memory-efficient kernel's: SDPA's choice and the named
+    efficient kernel cost the same, each found beside its measurement (the H200's suite run,
+    held out of the Hopper fit; the H100's probe rows, fitted), and a 16-bit-only kernel is
+    refused with what would work."""
+    h200 = load_device("h200")
+    shape = (4, 16, 16, 1024, 64, True)
+    auto = predict_kernel(attention_case(*shape, "auto", "backward", "fp32"), h200)
+    named = predict_kernel(attention_case(*shape, "efficient", "backward", "fp32"), h200)
+    assert auto.seconds == pytest.approx(named.seconds)
+    assert auto.measured_in == "measurements/h200/micro-run2.json"
+    assert auto.error is not None and abs(auto.error) < 0.25
+    h100 = predict_kernel(attention_case(4, 16, 16, 1024, 64, False, "efficient", "forward",
+                                         "fp32"), load_device("h100-sxm"))
+    assert h100.measured_in == "measurements/h100-sxm/micro-sdpa32.json"
+    assert h100.error is not None and abs(h100.error) < 0.1
+    with pytest.raises(InvalidConfig, match="16-bit inputs only"):
+        attention_case(*shape, "flash2", "forward", "fp32")
+    with pytest.raises(InvalidConfig, match="SDPA takes"):
+        attention_case(*shape, "auto", "forward", "fp8")

@@ -47,8 +47,10 @@ def add_parsers(sub: Any) -> None:
     g = k.add_argument_group("gemm")
     for dim in ("m", "n", "k"):
         g.add_argument(f"--{dim}", type=numbers.count)
-    g.add_argument("--precision", choices=GEMM_PRECISIONS, default="bf16")
-    a = k.add_argument_group("attention (bf16 SDPA)")
+    g.add_argument("--precision", choices=GEMM_PRECISIONS, default="bf16",
+                   help="gemm: the product's type; attention: SDPA's inputs (bf16, fp16, "
+                        "fp32)")
+    a = k.add_argument_group("attention (SDPA, in --precision)")
     for name in ("batch", "heads", "kv-heads", "seq", "head-dim"):
         a.add_argument(f"--{name}", type=numbers.count)
     a.add_argument("--causal", action="store_true")
@@ -117,7 +119,8 @@ def run_kernel(args: argparse.Namespace) -> int:
     elif args.op == "attention":
         _need(args, "batch", "heads", "seq", "head-dim")
         case = attention_case(args.batch, args.heads, args.kv_heads or args.heads, args.seq,
-                              args.head_dim, args.causal, args.kernel, args.phase)
+                              args.head_dim, args.causal, args.kernel, args.phase,
+                              args.precision)
     elif args.op in ROW_OPS:
         _need(args, "rows", "cols")
         case = row_case(args.op, args.rows, args.cols, args.phase, args.upcast, args.compiled)

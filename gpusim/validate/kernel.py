@@ -66,20 +66,35 @@ def gemm_case(m: int, n: int, k: int, precision: str) -> dict[str, Any]:
             "m": m, "n": n, "k": k}
 
 
+# The input types SDPA takes: 16-bit (every kernel) and fp32 (the memory-efficient kernel
+# alone: FlashAttention and cuDNN take 16-bit inputs only).
+ATTENTION_PRECISIONS = ("bf16", "fp16", "fp32")
+
+
 def attention_case(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int,
-                   causal: bool, kernel: str, phase: str) -> dict[str, Any]:
-    """SDPA in bf16, as the micro suite runs it: ``kernel`` auto (SDPA's choice) or a named
-    kernel (flash2, cudnn, efficient)."""
+                   causal: bool, kernel: str, phase: str, precision: str = "bf16"
+                   ) -> dict[str, Any]:
+    """SDPA as the micro suite runs it, in ``precision``: ``kernel`` auto (SDPA's choice)
+    or a named kernel (flash2, cudnn, efficient)."""
     if kernel != "auto" and kernel not in KERNELS_BY_NAME:
         raise InvalidConfig(f"unknown attention kernel {kernel!r}; use auto or "
                             f"{', '.join(KERNELS_BY_NAME)}")
+    if precision not in ATTENTION_PRECISIONS:
+        raise InvalidConfig(f"SDPA takes {', '.join(ATTENTION_PRECISIONS)} inputs, not "
+                            f"{precision}")
+    if precision == "fp32" and kernel not in ("auto", "efficient"):
+        raise InvalidConfig(f"{kernel} takes 16-bit inputs only; on fp32 ones SDPA runs its "
+                            "memory-efficient kernel: use --kernel auto or efficient")
     if heads % kv_heads:
         raise InvalidConfig(f"heads {heads} is not divisible by kv heads {kv_heads}")
     backend = KERNELS_BY_NAME.get(kernel, "auto")
     key = f"{batch}x{heads}x{kv_heads}x{seq}x{head_dim}" + ("-causal" if causal else "")
-    return {"id": f"sdpa/{backend}/{key}/{phase}", "kind": "sdpa", "precision": "bf16",
-            "backend": backend, "batch": batch, "heads": heads, "kv_heads": kv_heads,
-            "seq": seq, "head_dim": head_dim, "causal": causal, "pass": phase}
+    # the micro suite names its 16-bit cases by backend alone, as bf16 ran first
+    typed = "" if precision == "bf16" else f"{precision}/"
+    return {"id": f"sdpa/{typed}{backend}/{key}/{phase}", "kind": "sdpa",
+            "precision": precision, "backend": backend, "batch": batch, "heads": heads,
+            "kv_heads": kv_heads, "seq": seq, "head_dim": head_dim, "causal": causal,
+            "pass": phase}
 
 
 def row_case(op: str, rows: int, cols: int, phase: str, upcast: bool = False,
@@ -105,10 +120,13 @@ def memory_case(op: str, n_bytes: int) -> dict[str, Any]:
 @lru_cache(maxsize=8)
 def _measured_cases(device: str) -> dict[str, tuple[float, str]]:
     """Case id -> (median over the runs, where) in the device's committed micro files
-    (micro.json and its repeat runs): one run can be an outlier (the H100's 8192x8192x64
-    took 116 us in one run and 56-57 us in four); read once per device."""
+    (micro.json, its repeat runs, and micro cases converted from the GPU probes): one run
+    can be an outlier (the H100's 8192x8192x64 took 116 us in one run and 56-57 us in
+    four); read once per device."""
     runs: dict[str, list[tuple[float, str]]] = {}
-    for path in results.find(results.measurements_dir(), "micro", device, runs=True):
+    derived = sorted((results.measurements_dir() / device).glob("micro-sdpa*.json"))
+    for path in [*results.find(results.measurements_dir(), "micro", device, runs=True),
+                 *derived]:
         for row in json.loads(path.read_text())["cases"]:
             if "median_s" in row and not row.get("graph"):
                 runs.setdefault(row["id"], []).append(
