@@ -12,13 +12,18 @@
   with balanced routing in one batched product (what gpusim costs): wall time per pass and
   the device's busy time from the profiler.
 - ``sdpa32``: fp32 attention per SDPA backend (efficient, math) and written out.
+- ``fsdp_reserve``: the caching allocator's reserve (peak reserved over peak allocated) of a
+  few Llama-8B-sized blocks trained plainly under autocast and under FSDP2 on one rank
+  (its all-gather and reduce-scatter streams keep blocks of their own), resharding after
+  forward or not: whether reserved/allocated grows beyond a one-stream run's.
 
 Not calibration data unless a calibration group says so; written for the model terms that
 lack a measurement (issues 14, 15, 20).
 
 - ``moe_kernels``: the models suite's MoE layer (moe-blocks), kernel by kernel.
 
-    python measurements/gpu_probes.py OUT_FILE [context nccl moe sdpa32 moe_kernels]
+    python measurements/gpu_probes.py OUT_FILE [context nccl moe sdpa32 moe_kernels
+                                                fsdp_reserve]
 """
 
 from __future__ import annotations
@@ -109,6 +114,102 @@ def probe_nccl() -> dict[str, Any]:
     out["after_second_group_all_reduce"] = _outside_allocator()
     torch.cuda.synchronize()
     out["nccl_version"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    dist.destroy_process_group()
+    return out
+
+
+# Llama 3 8B's block (hidden 4096, 32 heads of 128, 8 K/V heads, SwiGLU of 14336) at one
+# sequence of 8192 tokens: four of them, about a billion parameters.
+FSDP_PROBE = {"blocks": 4, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336,
+              "batch": 1, "seq": 8192}
+
+
+class _Block(torch.nn.Module):
+    """A Llama block: RMS norms, grouped-query SDPA, SwiGLU."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
+        self.norm1 = torch.nn.RMSNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, (heads + 2 * kv_heads) * self.dim, bias=False)
+        self.out = torch.nn.Linear(hidden, hidden, bias=False)
+        self.norm2 = torch.nn.RMSNorm(hidden)
+        self.up = torch.nn.Linear(hidden, 2 * ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(
+            [self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
+        q = q.view(b, s, self.heads, self.dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, s, h))
+        gate, up = self.up(self.norm2(x)).chunk(2, -1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def _peaks(model: torch.nn.Module, cfg: dict[str, int], device: torch.device,
+           autocast: bool, steps: int = 3) -> dict[str, Any]:
+    """Peak allocated, active and reserved over the steps after the first (AdamW, foreach),
+    and the allocator's retries: reserved over allocated is the reserve."""
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    x = torch.randn(cfg["batch"], cfg["seq"], cfg["hidden"], device=device)
+    for step in range(steps):
+        if step == 1 and cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if not cuda:
+        return {"steps": steps}
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    allocated = stats["allocated_bytes.all.peak"]
+    reserved = stats["reserved_bytes.all.peak"]
+    return {"allocated_mib": allocated / MIB, "active_mib": stats["active_bytes.all.peak"] / MIB,
+            "reserved_mib": reserved / MIB, "reserve": reserved / allocated - 1,
+            "alloc_retries": stats["num_alloc_retries"], "segments": stats["segment.all.peak"]}
+
+
+def probe_fsdp_reserve(cfg: dict[str, int] | None = None) -> dict[str, Any]:
+    """Run in a fresh process: the same blocks trained plainly (fp32 weights, autocast),
+    then under FSDP2 on a one-rank mesh (bf16 parameters, fp32 reduction), resharding
+    after forward and not."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    cfg = cfg or FSDP_PROBE
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+
+    def blocks() -> torch.nn.Sequential:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[
+            _Block(cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"])
+            for _ in range(cfg["blocks"])]).to(device)
+
+    out: dict[str, Any] = {"config": cfg, "plain_autocast": _peaks(blocks(), cfg, device, True)}
+    if cuda:
+        torch.cuda.empty_cache()
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1, **({"device_id": device} if cuda else {}))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for reshard in (True, False):
+        model = blocks()
+        for block in model:
+            fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+        out[f"fsdp2_reshard_{str(reshard).lower()}"] = _peaks(model, cfg, device, False)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
     dist.destroy_process_group()
     return out
 
@@ -352,7 +453,8 @@ def probe_sdpa32() -> dict[str, Any]:
 
 def main() -> None:
     if sys.argv[1] == "--child":
-        fn = {"context": probe_context, "nccl": probe_nccl}[sys.argv[2]]
+        fn = {"context": probe_context, "nccl": probe_nccl,
+              "fsdp_reserve": probe_fsdp_reserve}[sys.argv[2]]
         print(json.dumps(fn()))
         return
     out_file = Path(sys.argv[1])
@@ -362,7 +464,7 @@ def main() -> None:
         "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     for name in wanted:
         start = time.perf_counter()
-        result[name] = (_in_child(name) if name in ("context", "nccl")
+        result[name] = (_in_child(name) if name in ("context", "nccl", "fsdp_reserve")
                         else {"moe": probe_moe, "sdpa32": probe_sdpa32,
                               "moe_kernels": probe_moe_kernels}[name]())
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)

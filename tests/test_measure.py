@@ -243,3 +243,24 @@ def test_fp32_sdpa_is_timed_and_fitted_apart_from_the_16_bit_attention() -> None
     ids, params = groups["attention fp32"]
     assert ids == {"sdpa/fp32/efficient", "sdpa/fp32/auto"}
     assert (("gemm", "attention_kernels", FP32_ATTENTION, "forward"), "factor") in params
+
+
+def test_the_fsdp_reserve_probe_trains_plainly_and_under_fsdp2_on_the_cpu() -> None:
+    """measurements/gpu_probes.py's fsdp_reserve probe, which a GPU lease runs for the
+    caching allocator's reserve under FSDP2's extra streams (issue 14), runs end to end on
+    the CPU (gloo on loopback, one rank), so the lease spends its minutes measuring: the
+    plain run and both FSDP2 runs train their steps."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "measurements" / "gpu_probes.py"
+    spec = importlib.util.spec_from_file_location("gpu_probes", path)
+    assert spec is not None and spec.loader is not None
+    probes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probes)
+    tiny = {"blocks": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "batch": 1,
+            "seq": 32}
+    out = probes.probe_fsdp_reserve(tiny)
+    assert out["config"] == tiny
+    for run in ("plain_autocast", "fsdp2_reshard_true", "fsdp2_reshard_false"):
+        assert out[run] == {"steps": 3}
