@@ -264,3 +264,28 @@ def test_the_fsdp_reserve_probe_trains_plainly_and_under_fsdp2_on_the_cpu() -> N
     assert out["config"] == tiny
     for run in ("plain_autocast", "fsdp2_reshard_true", "fsdp2_reshard_false"):
         assert out[run] == {"steps": 3}
+
+
+def test_bf16_elementwise_cases_time_in_bf16_and_stay_out_of_the_fit() -> None:
+    """The GPU suite also times copies and adds over bf16 elements (fit: False until the
+    memory fit takes a type apart): the timer moves the case's bytes in bf16, gpusim
+    predicts the case from half as many elements, and no fit group takes it."""
+    import torch
+
+    from gpusim.calibrate.groups import fit_groups
+    from gpusim.calibrate.micro_ops import predict
+    from gpusim.hardware.calibration import calibration_for
+    from gpusim.hardware.catalog import load_gpu
+    from gpusim.measure import micro
+
+    timed = micro.time_elementwise("add", 2**16, torch.device("cpu"), 3, 0.0,
+                                   dtype=torch.bfloat16)
+    assert timed.median_s > 0
+    h100 = load_gpu("h100-sxm")
+    case = {"id": "elementwise/bf16/add/1073741824", "kind": "elementwise", "op": "add",
+            "bytes": 2**30, "dtype": "bf16", "fit": False, "median_s": 1e-3}
+    fp32 = {**case, "id": "elementwise/add/1073741824", "dtype": "fp32"}
+    cal = calibration_for(h100)
+    assert predict(case, h100, cal) == pytest.approx(predict(fp32, h100, cal), rel=1e-6)
+    assert all(case["id"] not in {c["id"] for c in group}
+               for _, group, _ in fit_groups([case, fp32], h100))

@@ -277,15 +277,18 @@ def time_attention(shape: dict[str, Any], precision: str, device: torch.device,
 
 
 def time_elementwise(op: str, size_bytes: int, device: torch.device, repeats: int,
-                     cache_bytes: float, graph: bool = False) -> Timing:
+                     cache_bytes: float, graph: bool = False,
+                     dtype: torch.dtype = torch.float32) -> Timing:
     """``copy``, ``add`` (two inputs), ``sum`` (a reduction) into preallocated outputs,
     ``add_alloc``: an add whose output is allocated on each call, as eager PyTorch does, and
-    ``cast``: fp32 into a preallocated bf16 tensor (autocast's weight casts)."""
-    n = size_bytes // 4
+    ``cast``: fp32 into a preallocated bf16 tensor (autocast's weight casts). Operands of
+    ``size_bytes`` each, in ``dtype``."""
+    n = size_bytes // torch.empty(0, dtype=dtype).element_size()
 
     def operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (torch.randn(n, device=device), torch.randn(n, device=device),
-                torch.empty(n, device=device))
+        return (torch.randn(n, device=device, dtype=dtype),
+                torch.randn(n, device=device, dtype=dtype),
+                torch.empty(n, device=device, dtype=dtype))
 
     sets = rotated(operands, 3 * size_bytes, cache_bytes)
     calls: list[Callable[[], Any]] = []

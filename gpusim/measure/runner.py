@@ -126,6 +126,16 @@ def micro_cases(device: torch.device, quick: bool) -> Iterator[
             yield ({"id": f"elementwise/{op}/{size}", "kind": "elementwise", "op": op,
                     "bytes": size, "dtype": "fp32"},
                    lambda r, o=op, s=size: micro.time_elementwise(o, s, device, r, cache))
+    if device.type == "cuda":
+        # The same passes over bf16 elements: whether a 16-bit elementwise kernel moves its
+        # bytes at an fp32 one's rate (PyTorch's vector width per thread is counted in
+        # elements). Measured, not fitted, until the memory fit takes a type apart.
+        for op in ("copy", "add"):
+            for size in sizes[::3] if quick else sizes[::2]:
+                yield ({"id": f"elementwise/bf16/{op}/{size}", "kind": "elementwise",
+                        "op": op, "bytes": size, "dtype": "bf16", "fit": False},
+                       lambda r, o=op, s=size: micro.time_elementwise(
+                           o, s, device, r, cache, dtype=torch.bfloat16))
     yield from _row_kernel_cases(device, quick, lim.max_bytes / 4, cache)
     yield from _linear_cases(device, quick, lim.max_gemm_flops, cache)
     yield from _layer_host_cases(device, quick)
