@@ -30,6 +30,11 @@ def power_limit_line(device: DeviceProfile) -> str | None:
     cal = calibration_for(device)
     if device.power_limit >= device.tdp_w:
         factor = compute_rate_factor(device, cal.idle_power_fraction, cal.power)
+        if cal.power is None and device.sustained_clock_mhz is not None:
+            return (f"{device.name} under sustained load at {device.sustained_clock_mhz:g} MHz "
+                    f"(measured; boost {device.boost_clock_mhz:g} MHz), held there by its "
+                    f"{device.tdp_w:g} W power limit: compute-bound kernels at {factor:.0%} "
+                    f"of the boost clock's rate; memory-bound kernels unchanged")
         if cal.power is None or abs(factor - 1.0) < 0.005:
             return None
         return (f"{device.name} at its {device.tdp_w:g} W TDP: compute-bound kernels at "

@@ -136,3 +136,31 @@ def test_one_source_s_runs_on_two_parts_of_one_die_are_a_sweep() -> None:
     assert {p.sweep.split(":")[0] for p in cdna3} == {"mi300x/mi325x"}
     limits = sorted({round(p.limit_fraction, 3) for p in cdna3})
     assert limits == [1.0, round(1000 / 750, 3)]  # on the MI300X's scale
+
+
+def test_a_measured_sustained_clock_sets_the_compute_rate_where_no_power_fit_exists() -> None:
+    """The T4 (Turing: no power calibration) states the clock it settles at under load
+    (~900 MHz at its 70 W limit, measured in an MLPerf run): compute-bound kernels run at
+    that share of the boost clock's rate, memory-bound ones as before, and the estimate
+    says so. An architecture with a power calibration keeps its own model, and a sustained
+    clock above the boost clock is refused."""
+    from gpusim.cost.kernels import kernel_cost
+    from gpusim.hardware.profile import GPUProfile
+    from gpusim.workload.ops import GemmShape, gemm_op, memory_op
+
+    t4 = load_gpu("t4")
+    boost = t4.model_copy(update={"sustained_clock_mhz": None})
+    cal = calibration_for(t4)
+    product = gemm_op("p", GemmShape(4096, 4096, 4096), "fp16", 2)
+    copy = memory_op("c", 2**28, 2**28, 4)
+    assert kernel_cost(product, t4, cal).seconds == pytest.approx(
+        kernel_cost(product, boost, cal).seconds * 1590 / 900, rel=0.02)
+    assert kernel_cost(copy, t4, cal).seconds == kernel_cost(copy, boost, cal).seconds
+    notes = estimate(model="resnet50", gpu="t4", batch_size=64, precision="fp16").assumptions
+    assert any("900 MHz" in n and "57%" in n for n in notes)
+    h100 = load_gpu("h100-sxm")
+    held = h100.model_copy(update={"sustained_clock_mhz": 1000.0})
+    assert compute_rate_factor(held, 0.1, calibration_for(h100).power) == pytest.approx(
+        compute_rate_factor(h100, 0.1, calibration_for(h100).power))
+    with pytest.raises(ValueError, match="exceeds boost_clock_mhz"):
+        GPUProfile.model_validate({**t4.model_dump(), "sustained_clock_mhz": 2000})

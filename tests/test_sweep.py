@@ -486,6 +486,8 @@ FIELD_JOBS: list[dict[str, Any]] = [
      "num_gpus": 16, "tp": 8, "seq_len": 2048, "checkpointing": "full"},
     {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 1, "precision": "bf16",
      "seq_len": 4096, "pure_bf16": True, "optimizer": "adamw8bit", "checkpointing": "full"},
+    # a card whose measured sustained clock sets its compute rate (no power calibration)
+    {"model": "gpt2", "gpu": "t4", "batch_size": 8, "precision": "fp16"},
 ]
 
 

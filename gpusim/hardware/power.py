@@ -99,9 +99,11 @@ def compute_rate_factor(device: DeviceProfile, idle_fraction: float,
                         power: PowerCalibration | None) -> float:
     """How much faster (above 1) or slower (below 1) compute-bound kernels run on
     ``device`` under its power limit than on the device its calibration was measured on
-    under that one's limit; 1 without a power calibration."""
+    under that one's limit; without a power calibration, its measured sustained clock's
+    share of the boost clock (1 where none was measured)."""
     if power is None:
-        return 1.0
+        sustained = device.sustained_clock_mhz
+        return 1.0 if sustained is None else sustained / device.boost_clock_mhz
     static = idle_fraction if power.static_fraction is None else power.static_fraction
     run = clock_fraction(*on_reference_scale(device, device.power_limit, static,
                                              power.measured_device), power)

@@ -173,6 +173,12 @@ class DeviceProfile(Profile):
     power_limit_w: Positive | None = Field(
         None, description="the board power limit it runs under when below its TDP (the "
                           "SKU's default, or nvidia-smi -pl); none: its TDP")
+    sustained_clock_mhz: Positive | None = Field(
+        None, description="the clock its compute units settle at under a sustained load, "
+                          "held there by the board's power limit, as measured (nvidia-smi "
+                          "under load); compute-bound kernels run at this clock's share of "
+                          "the boost clock's peak where no power calibration of the "
+                          "architecture says more. None: the boost clock")
     launch_price_usd: Positive | None = None
     launch_date: str | None = None
     cloud_prices: list[PriceQuote] = []
@@ -188,6 +194,10 @@ class DeviceProfile(Profile):
                 f"base_clock_mhz {self.base_clock_mhz} exceeds boost_clock_mhz "
                 f"{self.boost_clock_mhz}"
             )
+        if self.sustained_clock_mhz is not None and \
+                self.sustained_clock_mhz > self.boost_clock_mhz:
+            raise ValueError(f"sustained_clock_mhz {self.sustained_clock_mhz} exceeds "
+                             f"boost_clock_mhz {self.boost_clock_mhz}")
         if self.power_limit_w is not None and self.power_limit_w > self.tdp_w:
             raise ValueError(f"power_limit_w {self.power_limit_w} exceeds tdp_w {self.tdp_w}: "
                              "a board cannot be set above its TDP")
