@@ -284,6 +284,44 @@ def test_megatron_recompute_modules_rerun_the_norm_and_activation_they_discard(
     assert discarding["recompute"] > 0 == plain["recompute"]
 
 
+def test_megatron_moe_recompute_module_reruns_each_mixture_of_experts_whole(
+        h100: GPUProfile) -> None:
+    """--recompute selective:moe (Megatron-LM's recompute module moe: the MLP under a
+    checkpoint): each mixture of experts keeps only its input and runs again whole before
+    its backward, dispatch and combine included; with layernorm as well, the norm re-creates
+    that input too, so nothing of the layer is kept."""
+    from gpusim.plan.autocast import layer_precisions
+    from gpusim.plan.job import TrainingJob
+    from gpusim.plan.lower import microbatch_ops, microbatch_steps
+    from gpusim.plan.memory import activations_by_layer
+    from gpusim.plan.recompute import parse_recompute
+
+    assert parse_recompute("selective:moe+layernorm") == "selective:layernorm+moe"
+    model = _small_moe()
+    moes = [la for la in model.layers if isinstance(la, MoE)]
+    job = TrainingJob(model, h100, 4, "bf16", checkpointing="selective:moe")
+    rerun = [model.layers[i].name for i, kind in microbatch_steps(job) if kind == "recompute"]
+    assert rerun == [moe.name for moe in reversed(moes)]
+    again = {op.name.rsplit(".", 1)[-1] for op in microbatch_ops(job) if op.phase == "recompute"}
+    assert again > {"act"}  # the whole layer, not its activation alone
+    kept_none, _ = activations_by_layer(TrainingJob(model, h100, 4, "bf16"))
+    kept, rerun_bytes = activations_by_layer(job)
+    num = layer_precisions(job)
+    for moe in moes:
+        assert kept[moe.name] == 4 * moe.rows * moe.hidden * num[moe.name].numerics.act_bytes
+        assert kept[moe.name] < kept_none[moe.name]
+    assert rerun_bytes == pytest.approx(max(kept_none[moe.name] for moe in moes))
+    both, _ = activations_by_layer(
+        TrainingJob(model, h100, 4, "bf16", checkpointing="selective:layernorm+moe"))
+    assert all(both[moe.name] == 0 for moe in moes)
+    # under expert parallelism, the re-run exchanges its tokens again
+    kw = {"model": model, "gpu": "h100-sxm", "batch_size": 64, "num_gpus": 8, "ep": 8,
+          "microbatch_size": 1, "precision": "bf16"}
+    plain = estimate(**kw).step.breakdown_s
+    whole = estimate(**kw, checkpointing="selective:moe").step.breakdown_s
+    assert whole["expert_parallel_comm"] > plain["expert_parallel_comm"]
+    assert whole["recompute"] > 0 == plain["recompute"]
+
 def test_fp8_experts_keep_one_byte_copies_of_their_inputs() -> None:
     """Under fp8 with Transformer Engine (Megatron's stack), the experts' GroupedLinear keeps
     the quantized copies of its inputs for the weight gradient, as its Linear does

@@ -44,13 +44,13 @@ from gpusim.plan.recompute import (
     activation_only,
     checkpointed_blocks,
     policy_saved,
+    recomputed_moe,
     recomputed_norm,
     selective_modules,
 )
 from gpusim.stack import runs_compiled
 from gpusim.workload.attention import Attention, CrossEntropy, Embedding
 from gpusim.workload.layers import Conv2d, Elementwise, Layer, Linear
-from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import Op, Phase, memory_op
 
@@ -190,7 +190,7 @@ def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
         # again as the experts' backward starts
         if i > 0 and recomputed_norm(layers[i - 1], layer, modules):
             steps.append((i - 1, "recompute"))
-        if "moe_act" in modules and isinstance(layer, MoE):
+        if recomputed_moe(layer, modules):
             steps.append((i, "recompute"))
         if i > first:
             steps.append((i, "input_grad"))

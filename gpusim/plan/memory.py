@@ -288,9 +288,11 @@ def activations_by_layer(job: TrainingJob,
         # Attention cores keep only their inputs and outputs; scores and softmax statistics
         # are re-created in backward (core_attn). A mixture of experts drops its input, the
         # norm's output, where that norm re-runs (layernorm), and its experts' activations
-        # (moe_act); each is re-created as the experts' backward starts.
+        # (moe_act), or keeps only its input, checkpointed whole (moe); each is re-created
+        # as the experts' backward starts.
         kept_by = dict(own)
         rerun = 0.0
+        previous: Layer | None = None
         readers: list[Layer | None] = [*kept[1:], None]
         for lay, after in zip(kept, readers, strict=True):
             num = precision[lay.name].numerics
@@ -300,10 +302,17 @@ def activations_by_layer(job: TrainingJob,
                 dropped = float(n * lay.out_elements * num.act_bytes)
                 kept_by[after.name] -= dropped
                 rerun = max(rerun, dropped)
-            if "moe_act" in modules and isinstance(lay, MoE):
+            if "moe" in modules and isinstance(lay, MoE):
+                # its input, unless the norm before it re-runs and re-creates that too
+                normed = previous is not None and recomputed_norm(previous, lay, modules)
+                kept_by[lay.name] = 0.0 if normed else float(
+                    n * lay.rows * lay.hidden * num.act_bytes)
+                rerun = max(rerun, own[lay.name])
+            elif "moe_act" in modules and isinstance(lay, MoE):
                 dropped = lay.activation_bytes(n, num)
                 kept_by[lay.name] -= dropped
                 rerun = max(rerun, dropped)
+            previous = lay
         return kept_by, rerun
     # A checkpointed block keeps its input (and what a per-op policy saves) and re-creates
     # the rest one block at a time; other layers keep what they save.

@@ -20,8 +20,11 @@ what it runs again before a block's backward.
   (CheckpointWithoutOutput): the norm before a mixture of experts (Transformer Engine fuses
   the others into the product after them, transformer_layer.py: only a norm that is not an
   IdentityOp is recomputed) and the experts' activation drop their outputs after use and
-  run again at the start of their consumer's backward. ``selective`` is
-  ``selective:core_attn``, Megatron's default list.
+  run again at the start of their consumer's backward; ``moe`` checkpoints each mixture of
+  experts whole (transformer_layer.py: the MLP under tensor_parallel.checkpoint): it keeps
+  the layer's input and runs its router, dispatch, experts and combine again, all-to-alls
+  included, before its backward. ``selective`` is ``selective:core_attn``, Megatron's
+  default list.
 - ``full`` checkpoints every body block: it keeps the block's input and re-runs its whole
   forward (Megatron-LM's ``--recompute-granularity full``, torch.utils.checkpoint per block).
 - ``every-k:N`` checkpoints every N-th body block (the N-th, 2N-th, ...) fully and keeps
@@ -40,10 +43,10 @@ from gpusim.workload.numerics import Numerics
 MODES: tuple[str, ...] = ("none", "selective", "selective:M+M", "per-op", "full",
                           "every-k:N")
 # Megatron-LM's --recompute-modules that gpusim models, in the order it writes them.
-SELECTIVE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act")
+SELECTIVE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act", "moe")
 HELP = ("activation recompute: none; selective (Megatron-LM: attention cores re-run); "
-        "selective:M+M (Megatron-LM's --recompute-modules, of core_attn, layernorm, moe_act: "
-        "e.g. selective:layernorm+moe_act); per-op (PyTorch's op-policy checkpointing: "
+        "selective:M+M (Megatron-LM's --recompute-modules, of core_attn, layernorm, moe_act, "
+        "moe: e.g. selective:layernorm+moe_act); per-op (PyTorch's op-policy checkpointing: "
         "matrix-product and attention outputs saved, the rest re-run); full (each block "
         "re-runs); every-k:N (every N-th block re-runs)")
 
@@ -88,10 +91,17 @@ def recomputed_norm(layer: Layer, reader: Layer | None, modules: frozenset[str])
 
 
 def activation_only(layer: Layer, mode: str) -> bool:
-    """Whether a re-run of ``layer`` under ``mode`` is its experts' activation alone: the
-    only recompute of a mixture of experts a selective mode makes (moe_act), which
-    exchanges nothing."""
-    return isinstance(layer, MoE) and bool(selective_modules(mode))
+    """Whether a re-run of ``layer`` under ``mode`` is its experts' activation alone (a
+    selective mode without ``moe``, which re-runs the whole layer), which exchanges
+    nothing."""
+    modules = selective_modules(mode)
+    return isinstance(layer, MoE) and bool(modules) and "moe" not in modules
+
+
+def recomputed_moe(layer: Layer, modules: frozenset[str]) -> bool:
+    """Whether a selective mode re-runs ``layer`` before its backward: a mixture of experts
+    whole (moe) or its experts' activation (moe_act)."""
+    return isinstance(layer, MoE) and bool({"moe", "moe_act"} & modules)
 
 
 def checkpointed_blocks(mode: str, model: Model) -> frozenset[str]:

@@ -270,11 +270,12 @@ def _recompute(t: dict[str, Any], flags: list[str], framework: str = "", model: 
         return RECOMPUTE[text]
     low = text.lower()
     if "selective recompute of" in low:
-        # Megatron's recompute_modules: [layernorm, moe_act] as a recipe lists them, or the
-        # ModelZoo tables' 'norm, act'
-        named = low.split("selective recompute of", 1)[1]
-        modules = [m for m, said in (("layernorm", "norm"), ("moe_act", "act"))
-                   if said in named]
+        # Megatron's recompute_modules: [layernorm, moe_act] or [layernorm, moe] as a recipe
+        # or command lists them, or the ModelZoo tables' 'norm, act'
+        named = set(re.findall(r"[a-z_]+", low.split("selective recompute of", 1)[1]))
+        modules = [m for m, said in (("layernorm", {"layernorm", "norm"}),
+                                     ("moe_act", {"moe_act", "act"}), ("moe", {"moe"}))
+                   if said & named]
         if low.startswith("not stated"):
             flags.append("recompute not stated: the recipe's")
         return "selective:" + "+".join(modules)
