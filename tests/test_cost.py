@@ -106,3 +106,40 @@ def test_a_short_k_product_pays_the_write_its_main_loop_does_not_hide(h100: GPUP
     assert paid.seconds / plain.seconds > 1.2
     assert kernel_cost(long, h100, cal).seconds / kernel_cost(
         long, h100, roofline).seconds < 1.06
+
+
+def test_fp32_products_on_shared_lane_sms_reach_the_published_share_of_the_peak() -> None:
+    """Ampere GA10x and Ada AD10x SMs run INT32 work on half their FP32 lanes: fp32 products
+    there run at the median share of their calibration's rate that published SGEMMs reached
+    (measurements/published/shared_fp32_lanes.yaml); tensor-core products, and GPUs whose
+    INT32 lanes are their own, are unchanged."""
+    import statistics
+
+    from gpusim.cost.kernels import kernel_cost
+    from gpusim.cost.shared_lanes import SHARED_LANES_FILE, shared_lane_factor
+    from gpusim.hardware.calibration import calibration_for
+    from gpusim.hardware.catalog import load_gpu, read_yaml
+    from gpusim.workload.ops import GemmShape, gemm_op
+
+    rows = read_yaml(SHARED_LANES_FILE)["rows"]
+    shares = []
+    for row in rows:
+        gpu = load_gpu(row["gpu"])
+        assert gpu.fp32_lanes_shared_with_int32
+        peak, _ = gpu.peak_flops("fp32", matrix=True)
+        shares.append(row["tflops"] * 1e12 / (peak * calibration_for(gpu).gemm_efficiency("fp32")))
+    factor = shared_lane_factor()
+    assert factor == pytest.approx(statistics.median(shares)) and 0.5 < factor < 1.0
+    shape = GemmShape(8192, 8192, 8192)
+    for name in ("rtx-4090", "rtx-3090", "a10", "l4"):
+        gpu = load_gpu(name)
+        own = gpu.model_copy(update={"fp32_lanes_shared_with_int32": None})
+        cal = calibration_for(gpu)
+        fp32 = gemm_op("p", shape, "fp32", 4)
+        assert kernel_cost(fp32, own, cal).seconds / kernel_cost(fp32, gpu, cal).seconds \
+            == pytest.approx(factor, rel=0.02)
+        if "fp16" in gpu.matrix_tflops:
+            half = gemm_op("p", shape, "fp16", 2)
+            assert kernel_cost(half, gpu, cal).seconds == kernel_cost(half, own, cal).seconds
+    a100 = load_gpu("a100-80gb")
+    assert not a100.fp32_lanes_shared_with_int32

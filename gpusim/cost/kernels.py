@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpusim import units
+from gpusim.cost.shared_lanes import shared_lane_factor, shares_fp32_lanes
 from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.power import compute_rate_factor
 from gpusim.hardware.profile import DeviceProfile, GPUProfile
@@ -133,6 +134,8 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     else:
         peak, unit = device.peak_flops(op.math, matrix=True)  # type: ignore[arg-type]
         eff = cal.gemm_efficiency(op.math)
+        if shares_fp32_lanes(device, op.math):
+            eff *= shared_lane_factor()
         if op.kind == "conv":
             eff *= cal.gemm.conv_factors.get(op.math, cal.gemm.conv_factor)
         elif op.kind == "attention":

@@ -294,6 +294,11 @@ class GPUProfile(DeviceProfile):
         None, description="total NVLink/Infinity Fabric bandwidth per GPU, both directions"
     )
     nvlink_generation: Annotated[int, Field(ge=1, le=6)] | None = None
+    fp32_lanes_shared_with_int32: bool | None = Field(
+        None, description="whether half its SMs' FP32 lanes also run INT32 work (Ampere "
+                          "GA10x, Ada AD10x), so fp32 matrix products reach less of the "
+                          "FP32 peak that counts them all (gpusim.cost.shared_lanes); none: "
+                          "not stated, taken as no")
     driver_reserved_mib: NonNegative | None = Field(
         None, description="of memory_gib, what no process can allocate (the driver's, ECC's "
                           "and firmware's reserve): memory_gib less what "
