@@ -129,3 +129,21 @@ def test_fp32_attention_as_a_kernel_beside_its_measurements() -> None:
         attention_case(*shape, "flash2", "forward", "fp32")
     with pytest.raises(InvalidConfig, match="SDPA takes"):
         attention_case(*shape, "auto", "forward", "fp8")
+
+
+def test_a_published_figure_of_the_same_kernel_stands_beside_the_prediction() -> None:
+    """Where the project has not measured a case on the device, a published figure of the
+    same kernel (measurements/published/<device>/micro.json, matched by shape, not by id)
+    is shown with its source, and compared with the device's own time, as it was timed."""
+    v100 = load_device("v100-sxm2-16gb")
+    found = predict_kernel(gemm_case(16, 512, 512, "fp16"), v100)
+    assert found.measured_kernel_only and found.measured_s is not None
+    assert found.measured_in is not None and "DeepBench" in found.measured_in
+    assert found.error == pytest.approx(found.kernel_seconds / found.measured_s - 1)
+    h100 = load_device("h100-sxm")
+    fa3 = predict_kernel(attention_case(16, 32, 32, 1024, 64, False, "cudnn", "forward",
+                                        "fp16"), h100)
+    assert fa3.measured_kernel_only and "FlashAttention-3" in (fa3.measured_in or "")
+    own = predict_kernel(gemm_case(8192, 8192, 8192, "bf16"), h100)  # the project's own
+    assert own.measured_s is not None and not own.measured_kernel_only
+    assert predict_kernel(gemm_case(8191, 8191, 8191, "bf16"), h100).measured_s is None

@@ -144,8 +144,11 @@ def run_kernel(args: argparse.Namespace) -> int:
               f"not hidden by the main loop (a product writes its result after its last K "
               f"step)")
     if result.measured_s is not None and result.error is not None:
+        against = " (the kernels alone, against the device's own time)" \
+            if result.measured_kernel_only else ""
         print(f"  measured         {units.human_seconds(result.measured_s):>12}  "
-              f"({result.measured_in}); the prediction is {result.error:+.1%} off it")
+              f"({result.measured_in}); the prediction is {result.error:+.1%} off it"
+              f"{against}")
     else:
         print("  measured         none for this case on this device")
     return 0

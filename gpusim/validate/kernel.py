@@ -38,6 +38,8 @@ class KernelPrediction:
     measured_s: float | None = None
     measured_in: str | None = None
     exposed_write_s: float = 0.0  # of kernel_seconds: a product's result write not hidden
+    # the measurement timed the kernels alone (a published figure), not the suite's loop
+    measured_kernel_only: bool = False
 
     @property
     def achieved_tflop_s(self) -> float:
@@ -49,7 +51,12 @@ class KernelPrediction:
 
     @property
     def error(self) -> float | None:
-        return None if self.measured_s is None else self.seconds / self.measured_s - 1
+        """The prediction over the measurement, minus 1: the device's own time where the
+        measurement timed the kernels alone."""
+        if self.measured_s is None:
+            return None
+        predicted = self.kernel_seconds if self.measured_kernel_only else self.seconds
+        return predicted / self.measured_s - 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case_id, "device": self.device, "predicted_s": self.seconds,
@@ -58,6 +65,7 @@ class KernelPrediction:
                 "bound": self.bound, "efficiency": self.efficiency,
                 "calibration": self.calibration, "measured_s": self.measured_s,
                 "measured_in": self.measured_in, "error": self.error,
+                "measured_kernel_only": self.measured_kernel_only,
                 "exposed_write_s": self.exposed_write_s}
 
 
@@ -137,10 +145,46 @@ def _measured_cases(device: str) -> dict[str, tuple[float, str]]:
             for case, found in runs.items()}
 
 
-def _measured(case_id: str, device: DeviceProfile) -> tuple[float | None, str | None]:
-    """The median of the same case in the device's committed micro files, if any."""
-    found = _measured_cases(device.name).get(case_id)
-    return found if found is not None else (None, None)
+# What a case records about how and where it was timed, not what it runs.
+_NOT_SHAPE = frozenset({"id", "median_s", "p10_s", "p90_s", "repeats", "inner", "source",
+                        "timed", "fit", "graph"})
+
+
+def _shape_key(case: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """What a case runs, whichever file names it: its shape fields, unset ones left out
+    (a product's layout is row-major unless it says otherwise)."""
+    fields = {k: v for k, v in case.items()
+              if k not in _NOT_SHAPE and v is not None and v is not False}
+    if fields.get("kind") == "gemm":
+        fields.setdefault("layout", "nn")
+    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in fields.items()))
+
+
+@lru_cache(maxsize=8)
+def _published_cases(device: str) -> dict[tuple[tuple[str, str], ...], tuple[float, str]]:
+    """Shape -> (seconds, where) of the device's published kernel figures
+    (measurements/published/<device>/micro.json, each case citing its source)."""
+    path = results.measurements_dir() / "published" / device / "micro.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    titles = {src["id"]: src.get("title", src["id"])
+              for src in data.get("provenance", {}).get("sources", [])}
+    where = results.display_path(path)
+    return {_shape_key(row): (float(row["median_s"]),
+                              f"{where}: {titles.get(row.get('source'), row.get('source'))}")
+            for row in data["cases"] if "median_s" in row}
+
+
+def _measured(case: dict[str, Any], device: DeviceProfile
+              ) -> tuple[float | None, str | None, bool]:
+    """The median of the same case in the device's committed micro files, else a published
+    figure of the same kernel (timed alone), if any: (seconds, where, kernel alone)."""
+    found = _measured_cases(device.name).get(case["id"])
+    if found is not None:
+        return (*found, False)
+    published = _published_cases(device.name).get(_shape_key(case))
+    return (*published, True) if published is not None else (None, None, False)
 
 
 def predict_kernel(case: dict[str, Any], device: DeviceProfile,
@@ -152,7 +196,7 @@ def predict_kernel(case: dict[str, Any], device: DeviceProfile,
     costs = [kernel_cost(op, device, cal) for op in ops]
     seconds = predict(case, device, cal)
     main = max(costs, key=lambda c: c.seconds)
-    measured, where = _measured(case["id"], device)
+    measured, where, kernel_only = _measured(case, device)
     n_bytes = sum(op.bytes for op in ops)
     # The fraction of what bounds it: the unit's FLOP/s, or the memory bandwidth.
     efficiency = (main.efficiency if main.bound == "compute"
@@ -160,4 +204,4 @@ def predict_kernel(case: dict[str, Any], device: DeviceProfile,
     return KernelPrediction(
         case["id"], device.name, seconds, sum(c.seconds for c in costs),
         sum(op.flops for op in ops), n_bytes, main.bound, efficiency, cal.name, measured,
-        where, sum(c.exposed_write_s for c in costs))
+        where, sum(c.exposed_write_s for c in costs), kernel_only)
