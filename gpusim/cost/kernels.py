@@ -108,7 +108,8 @@ def key_blocks_per_query_block(shape: AttentionShape) -> float:
 
 # The calibration's key for fused attention on fp32 inputs: SDPA's memory-efficient kernel
 # running fp32 products (workload.attention.fused_math), whose rate the 16-bit kernels'
-# factors do not describe. Not fitted: the default kernel's.
+# factors do not describe. Where a calibration has not fitted it, the default kernel's
+# factors stand in.
 FP32_ATTENTION = "fp32"
 
 
