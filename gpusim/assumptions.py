@@ -127,17 +127,19 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
                "take the fastest NCCL algorithm for their size")
     if p.expert > 1:
         out.append("expert-parallel all-to-alls (dispatch and combine) beside another "
-                   "microbatch's compute, the part it cannot cover exposed (pipeline warm-up "
-                   "and cool-down taken as overlapped too)" if p.ep_overlap else
+                   "microbatch's compute, which they slow as any collective does, the part "
+                   "it cannot cover exposed (pipeline warm-up and cool-down taken as "
+                   "overlapped too)" if p.ep_overlap else
                    "expert-parallel all-to-alls (dispatch and combine) on the critical path "
                    "(--ep-overlap runs them beside another microbatch's compute)")
+    beside = ("data-parallel collective or overlapped expert-parallel all-to-all"
+              if p.ep_overlap else "data-parallel collective")
     if comm_slowdown is None:
-        slowdown = (f"kernels {100 * COMM_SLOWDOWN:g}% slower while a data-parallel "
-                    f"collective runs beside them (the average measured in arXiv 2507.03114; "
-                    f"--comm-slowdown)")
+        slowdown = (f"kernels {100 * COMM_SLOWDOWN:g}% slower while a {beside} runs beside "
+                    f"them (the average measured in arXiv 2507.03114; --comm-slowdown)")
     elif comm_slowdown:
-        slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a data-parallel "
-                    f"collective runs beside them")
+        slowdown = (f"kernels {100 * comm_slowdown:g}% slower while a {beside} runs beside "
+                    f"them")
     else:
         slowdown = "no compute slowdown from communication kernels (--comm-slowdown 0)"
     node_links = ("tensor- and data-parallel traffic share a GPU's links inside a "

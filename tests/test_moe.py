@@ -99,6 +99,14 @@ def test_overlapped_all_to_alls_expose_only_what_compute_cannot_cover() -> None:
     assert any("beside another microbatch's compute" in a for a in hidden.assumptions)
     with pytest.raises(InvalidConfig, match="needs --ep > 1"):
         build_job(_small_moe(), "h100-sxm", 8, precision="bf16", num_gpus=8, ep_overlap=True)
+    # The compute the all-to-alls hide behind runs slower, as beside any collective (the
+    # comm_slowdown term; none where it is switched off).
+    kw = {"model": _small_moe(), "gpu": "h100-sxm", "batch_size": 8, "precision": "bf16",
+          "num_gpus": 8, "ep": 8, "ep_overlap": True}
+    assert hidden.step.breakdown_s["comm_slowdown"] > plain.step.breakdown_s["comm_slowdown"]
+    free = estimate(**kw, comm_slowdown=0.0).step
+    assert "comm_slowdown" not in free.breakdown_s
+    assert free.step_time_s < hidden.step.step_time_s
 
 
 @pytest.mark.parametrize(("model", "ep", "message"), [

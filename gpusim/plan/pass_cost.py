@@ -48,13 +48,17 @@ class Work:
     active_s: float  # kernel time at the roofline limit (see cost/energy.py)
     # Context-parallel K/V gathers and gradient reduce-scatters, before and after attention.
     cp_comm_s: float = 0.0
-    # Expert-parallel all-to-alls, sending tokens to their experts' ranks and back.
+    # Expert-parallel all-to-alls, sending tokens to their experts' ranks and back: what is
+    # left exposed (ep_hidden_s below: under --ep-overlap, what ran beside compute).
     ep_comm_s: float = 0.0
     # Time the device waits for the host within the pass: where the host dispatches more
     # slowly than short kernels run, the queue runs dry (as the one-device engine finds it).
     stall_s: float = 0.0
     # How far the host had run ahead into this pass while the device finished the last one.
     host_lead_s: float = 0.0
+    # Under --ep-overlap, the all-to-alls' time that ran beside the other microbatch's
+    # compute (not exposed), which slows that compute (the simulator's comm_slowdown).
+    ep_hidden_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
@@ -197,9 +201,13 @@ def pass_work(terms: PassTerms, job: ParallelJob, cal: Calibration,
     """Cost a pass from its terms."""
     compute = added(terms.device)
     ep_comm = added(terms.ep)
+    ep_hidden = 0.0
     if job.parallel.ep_overlap:
         # the other microbatch's compute runs while these all-to-alls are in flight; this
-        # pass's compute stands for it (pipeline warm-up and cool-down have no partner)
+        # pass's compute stands for it (pipeline warm-up and cool-down have no partner).
+        # The compute beside them runs slower, as beside any collective (the simulator's
+        # comm_slowdown on ep_hidden_s).
+        ep_hidden = min(ep_comm, compute)
         ep_comm = max(0.0, ep_comm - compute)
     host = list(terms.host)
     if terms.backward_at >= 0:
@@ -208,7 +216,7 @@ def pass_work(terms: PassTerms, job: ParallelJob, cal: Calibration,
     lead = queue.lead_s
     return Work(compute, added(terms.recompute), added(terms.tp), sum(host),
                 added(terms.flops), len(terms.device), added(terms.active), added(terms.cp),
-                ep_comm, queue.run(host, list(terms.device)), lead)
+                ep_comm, queue.run(host, list(terms.device)), lead, ep_hidden)
 
 
 @dataclass

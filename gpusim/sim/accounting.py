@@ -27,6 +27,7 @@ class PassCosts(NamedTuple):
     host_wait: float  # the GPU waiting for the host
     recompute: float
     host_s: float  # dispatching it
+    ep_hidden: float = 0.0  # compute beside expert-parallel all-to-alls (--ep-overlap)
 
 
 def pass_costs(work: Work, compute: float, link: float) -> PassCosts:
@@ -40,7 +41,8 @@ def pass_costs(work: Work, compute: float, link: float) -> PassCosts:
     # The GPU waiting for the host (queue run dry, or a host-bound pass throughout).
     host_wait = max(0.0, length - work.compute_s * compute - work.tp_comm_s * link - cp - ep)
     return PassCosts(length, work.tp_comm_s * link, cp, ep, host_wait,
-                     work.recompute_s * compute, work.host_s)
+                     work.recompute_s * compute, work.host_s,
+                     min(work.ep_hidden_s * link, work.compute_s * compute))
 
 
 def breakdown(acct: dict[str, float], comm_slowdown: float) -> dict[str, float]:

@@ -6,7 +6,7 @@ next one's gradient backward; a last virtual stage's backward follows its own fo
 wait before it is split into pipeline bubble (the producer still computing), pipeline
 communication (the output in flight, or queued on the link) and, under ZeRO-3, waiting for
 the weight gather. Kernels run slower by ``comm_slowdown`` while a data-parallel collective
-shares the GPU with them.
+shares the GPU with them, or (--ep-overlap) the expert-parallel all-to-alls run beside them.
 
 Everything a stage's passes have in common across its replicas (schedule, dependencies,
 names, costs on an ordinary unit) is worked out once per stage in ``StageTable``; the loop
@@ -165,7 +165,7 @@ def run_stage(sh: Shared, unit: Unit, table: StageTable, hops: list[float]
             pipeline_comm += p2p + rest
         chunk = chunks[c]
         gathering = gather(sh, unit, chunk.params) if zero3 else None
-        length, tp, cp, ep, host_wait, recompute, host_s = unit.costs[i]
+        length, tp, cp, ep, host_wait, recompute, host_s, ep_hidden = unit.costs[i]
         # The pass's tensor-parallel traffic, taken as one transfer after its kernels,
         # shares the node links with data-parallel collectives under way.
         tp_apart = node_links is not None and tp > 0.0 and length > host_s
@@ -183,9 +183,12 @@ def run_stage(sh: Shared, unit: Unit, table: StageTable, hops: list[float]
             tp = shared_tp
         extra = 0.0
         if comm_slowdown:
-            # Kernels that shared the GPU with a collective ran slower by that overlap.
+            # Kernels that shared the GPU with a collective ran slower by that overlap: a
+            # data-parallel one, or the expert-parallel all-to-alls run beside them.
             if len(unit.spans) > unit.spans_from:
                 extra = comm_slowdown * dp.overlap_s(unit, start)
+            if ep_hidden:
+                extra += comm_slowdown * ep_hidden
             if extra or zero3:
                 # (Under ZeRO-3 even no slowdown takes its turn, so a bucket ready as the
                 # pass ends queues before the next pass's weight gather, as it always did.)
