@@ -245,12 +245,14 @@ def attention_unmeasured(framework: Stack, device: DeviceProfile, fp32: bool = F
         return ""
     cal = calibration_for(device)
     if fp32 and device.is_gpu:
-        swapped = (f"{kernel} attention takes 16-bit inputs only: on fp32 ones SDPA's "
-                   f"memory-efficient kernel runs; " if kernel != "auto" else "")
-        if FP32_ATTENTION in cal.gemm.attention_kernels:
-            return swapped.removesuffix("; ")
-        return (f"{swapped}fp32 attention: no efficiency measured for it in calibration "
-                f"{cal.name}; costed as the default fused attention kernel")
+        notes = []
+        if kernel != "auto":
+            notes.append(f"{kernel} attention takes 16-bit inputs only: on fp32 ones SDPA's "
+                         f"memory-efficient kernel runs")
+        if FP32_ATTENTION not in cal.gemm.attention_kernels:
+            notes.append(f"fp32 attention: no efficiency measured for it in calibration "
+                         f"{cal.name}; costed as the default fused attention kernel")
+        return "; ".join(notes)
     if kernel == "auto" or kernel in cal.gemm.attention_kernels:
         return ""
     return (f"{kernel} attention: no efficiency measured for it in calibration {cal.name}; "
