@@ -29,6 +29,8 @@ def _group(results: list[Predicted], key: Callable[[Predicted], object], title: 
     groups: dict[object, list[Predicted]] = {}
     for r in results:
         groups.setdefault(key(r), []).append(r)
+    if all(isinstance(k, int) for k in groups):  # sequence lengths in order
+        groups = dict(sorted(groups.items(), key=lambda kv: str(kv[0]).zfill(12)))
     rows = []
     for name, members in groups.items():
         s = summary(members)
