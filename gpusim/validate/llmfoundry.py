@@ -18,8 +18,8 @@ import yaml
 from gpusim.data import data_dir
 from gpusim.errors import GpusimError
 from gpusim.estimation import estimate
+from gpusim.validate.published_throughput import model_of
 from gpusim.workload.model import Model
-from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
 TABLES_FILE = data_dir("published") / "llmfoundry_tables.yaml"
 GPUS = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-80gb", "a100_40gb": "a100-40gb"}
@@ -81,12 +81,8 @@ def mpt(size: str, seq_len: int, models: dict[str, Any]) -> Model:
     """MPT as llm-foundry's yamls define it: GELU MLP 4x wide, LayerNorm, biases, a learned
     position table of seq_len rows, the logits on the token embedding, vocabulary 50,368."""
     d = models[size]
-    cfg = TransformerConfig(
-        name=f"mpt-{size}", layers=d["layers"], hidden=d["hidden"], heads=d["heads"],
-        ffn_hidden=4 * d["hidden"], vocab=50368, seq_len=seq_len, norm="layernorm",
-        activation="gelu", positions="learned", max_positions=seq_len, tied_embeddings=True,
-        bias=True)
-    return build_transformer(cfg)
+    return model_of({"name": f"mpt-{size}", **d, "ffn_hidden": 4 * d["hidden"], "vocab": 50368,
+                     "tied_embeddings": True, "gated_mlp": False, "norm": "layernorm"}, seq_len)
 
 
 def job_of(row: TableRow, models: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -107,9 +103,6 @@ def job_of(row: TableRow, models: dict[str, Any]) -> tuple[dict[str, Any], tuple
 
 def predict(row: TableRow, models: dict[str, Any]) -> Predicted:
     kwargs, flags = job_of(row, models)
-    if row.global_batch % (row.micro_batch * row.gpus):
-        # Composer accumulates uneven microbatches (11, 11, 11, 11, 4 for 48): not modelled
-        return Predicted(row, None, flags, "global batch is not a whole number of microbatches")
     try:
         step = estimate(**kwargs).step
     except GpusimError as exc:

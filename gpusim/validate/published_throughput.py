@@ -97,7 +97,9 @@ def _shipped(m: dict[str, Any]) -> str:
     return "deepseek-v3" if str(m.get("name", "")).startswith("DeepSeek-V3") else ""
 
 
-def _model(m: dict[str, Any], seq: int) -> Model:
+def model_of(m: dict[str, Any], seq: int) -> Model:
+    """The transformer a published case's model block describes (its dimensions; a gated MLP
+    means SwiGLU with RoPE and no biases, else GELU with learned positions and biases)."""
     if _shipped(m):
         return zoo.get(_shipped(m), seq_len=seq)
     gated = bool(m.get("gated_mlp"))
@@ -196,7 +198,7 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         if "mistral" in str(case["model"]["name"]).lower():
             stack = load_stack(name).model_copy(update={"kv_heads": "expanded"})
     kwargs: dict[str, Any] = {
-        "model": _model(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
+        "model": model_of(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
         "tp": tp, "pp": pp, "cp": cp, "ep": ep, "microbatch_size": micro,
         "optimizer": "adamw", "checkpointing": _recompute(t, flags, str(case.get("framework", "")),
