@@ -82,7 +82,7 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
               if assumed_system else ""),
            f"{p.describe()}; {job.microbatches} microbatches per pipeline per step"]
     if job.master_weights:
-        grads = "fp16" if job.whole.grad_bytes == 2 else "fp32"
+        grads = "fp32" if job.whole.reduce_bytes == 4 else job.precision.replace("fp8", "bf16")
         out.append(f"Megatron-LM style: weights in {num.activation} with fp32 master copies; "
                    f"gradients reduced in {grads}")
     elif job.pure_bf16:
@@ -95,7 +95,8 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
         out.append(f"PyTorch FSDP (full sharding) with mixed precision: fp32 weight, gradient "
                    f"and optimizer shards; each unit's weights gathered in {num.activation} "
                    f"(the running unit and the prefetched next), so every layer computes in "
-                   f"{num.activation}; gradients reduce-scattered in fp32")
+                   f"{num.activation}; gradients reduce-scattered in "
+                   f"{'bf16' if job.bf16_grads else 'fp32'}")
     elif job.fsdp:
         out.append("PyTorch FSDP (full sharding) in fp32: weights gathered a unit at a time, "
                    "gradients reduce-scattered")
@@ -103,7 +104,8 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
         sharded = {1: " and a sharded optimizer (ZeRO-1)",
                    2: ", sharded optimizer states and gradients (ZeRO-2)"}.get(p.zero, "")
         out.append(f"PyTorch DDP with autocast{sharded}: matrix products in {num.matmul}, "
-                   "fp32 weights and gradients")
+                   "fp32 weights and gradients"
+                   + (", gradients reduced in bf16" if job.bf16_grads else ""))
     if job.frozen:
         trains = job.trainable_params(job.model.layers)
         total = job.model.parameters

@@ -239,6 +239,7 @@ def estimate(
     tp_overlap: bool = False,
     ep_overlap: bool = False,
     overlap_grad_reduce: bool = True,
+    bf16_grads: bool = False,
     per_rank: bool = False,
     straggler: Straggler | None = None,
     usd_per_gpu_hour: float | None = None,
@@ -270,7 +271,7 @@ def estimate(
     the largest microbatch that fits and divides the batch (see ``build_job``).
     ``usd_per_gpu_hour`` prices the run at your rate instead of the profile's cheapest
     listed cloud price. ``optimizer_in_backward`` and ``offload_activations`` are torchtune's
-    memory savers (see ``build_job``).
+    memory savers, ``bf16_grads`` Megatron-LM's --grad-reduce-in-bf16 (see ``build_job``).
     """
     if steps is None and tokens is None and epochs is None:
         steps = 1
@@ -283,8 +284,9 @@ def estimate(
         pp_layers=pp_layers, shard_group=shard_group,
         zero=zero, sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
         ep_overlap=ep_overlap,
-        overlap_grad_reduce=overlap_grad_reduce, max_batch=max_batch, pure_bf16=pure_bf16,
-        stack=stack, attention=attention, fp8_recipe=fp8_recipe, offload=offload,
+        overlap_grad_reduce=overlap_grad_reduce, bf16_grads=bf16_grads, max_batch=max_batch,
+        pure_bf16=pure_bf16, stack=stack, attention=attention, fp8_recipe=fp8_recipe,
+        offload=offload,
         optimizer_in_backward=optimizer_in_backward, offload_activations=offload_activations,
         finetune=finetune,
         lora_rank=lora_rank, lora_targets=lora_targets, lora_dropout=lora_dropout,

@@ -402,3 +402,51 @@ def test_megatrons_loss_turns_its_softmax_into_the_gradient_in_place() -> None:
     assert stage.master_weights
     assert memory_plan(torch_job).loss_transient == 2 * tokens * vocab * 4
     assert memory_plan(stage).loss_transient == tokens * vocab * 2
+
+
+def _megatron(bf16_grads: bool, zero: int = 1) -> ParallelJob:
+    topo = Topology.build("dgx-h100", 16)
+    return ParallelJob(zoo.get("llama3-8b", seq_len=4096), topo, 64,
+                       ParallelConfig(tensor=2, data=8, microbatch_size=1, zero=zero), "bf16",
+                       "adamw", "full", bf16_grads=bf16_grads)
+
+
+def test_bf16_gradient_reduction_halves_megatrons_gradient_buffer_and_traffic() -> None:
+    # Megatron-LM's --grad-reduce-in-bf16 (Megatron-Bridge's grad_reduce_in_fp32 false):
+    # the gradient buffers take bf16, and the data-parallel reduce-scatter carries bf16
+    fp32, bf16 = _megatron(False), _megatron(True)
+    assert (fp32.whole.grad_bytes, fp32.whole.reduce_bytes) == (4, 4)
+    assert (bf16.whole.grad_bytes, bf16.whole.reduce_bytes) == (2, 2)
+    plans = [plan_parallel(j) for j in (fp32, bf16)]
+    kept = [stage_memory(pl, pl.stages[0]).gradients for pl in plans]
+    assert kept[1] == pytest.approx(kept[0] / 2)
+    times = [estimate(model="llama3-8b", gpu="h100-sxm", seq_len=4096, batch_size=64,
+                      num_gpus=16, tp=2, microbatch_size=1, zero=1, precision="bf16",
+                      stack="megatron", checkpointing="full", overlap_grad_reduce=False,
+                      bf16_grads=flag).step.breakdown_s["data_parallel_comm"]
+             for flag in (False, True)]
+    assert 0.4 * times[0] < times[1] < 0.75 * times[0]
+
+
+def test_fsdp_reducing_in_bf16_keeps_fp32_gradient_shards() -> None:
+    # FSDP2's MixedPrecisionPolicy(reduce_dtype=bf16): the reduce-scatter carries bf16 and
+    # the sharded gradient is cast back to the fp32 parameter's type
+    job = replace(_fsdp("llama3-8b", 8, 1, 4096), bf16_grads=True)
+    assert (job.whole.grad_bytes, job.whole.reduce_bytes) == (4, 2)
+    assert any("reduce-scattered in bf16" in a for a in estimate(
+        model="llama3-8b", gpu="h100-sxm", seq_len=4096, batch_size=8, num_gpus=8, zero=3,
+        precision="bf16", bf16_grads=True).assumptions)
+
+
+def test_bf16_gradient_reduction_needs_bf16_training(h100: GPUProfile) -> None:
+    with pytest.raises(InvalidConfig, match="bf16 or fp8 training"):
+        TrainingJob(zoo.get("gpt2-small"), h100, 8, "fp32", bf16_grads=True)
+
+
+def test_bf16_gradient_reduction_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpusim.cli import main
+    assert main(["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--num-gpus", "16",
+                 "--tp", "2", "--batch-size", "64", "--seq-len", "4096", "--precision", "bf16",
+                 "--stack", "megatron", "--recompute", "full", "--zero", "1",
+                 "--microbatch-size", "1", "--grad-reduce-in-bf16"]) == 0
+    assert "gradients reduced in bf16" in capsys.readouterr().out

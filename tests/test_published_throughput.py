@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpusim.validate.published_throughput import RECOMPUTE, load_cases, predict_case, summary
+from gpusim.validate.published_throughput import (
+    RECOMPUTE,
+    job_of,
+    load_cases,
+    predict_case,
+    summary,
+)
 
 # Set from what was measured (2026-11-23: 12 cases, mean absolute 36.2%, all too fast; then
 # 13 cases, 32.8%, with Ampere fitted on published kernels and the first MoE row; then 27
@@ -46,6 +52,20 @@ def test_no_configuration_that_trained_as_stated_is_refused() -> None:
             continue
         row = predict_case(case)
         assert "needs" not in (row.skipped or ""), row
+
+
+def test_megatron_bridge_rows_reduce_gradients_in_bf16() -> None:
+    """Megatron-Bridge's performance configs set ddp.grad_reduce_in_fp32 false for every run
+    (each row cites where): its rows keep bf16 gradient buffers, and Qwen3-30B-A3B's 25.11
+    row (PP 2 x VP 24, microbatch 2), refused at 83.2 GiB with fp32 buffers, fits."""
+    bridge = [c for c in load_cases() if "Megatron-Bridge" in str(c.get("framework", ""))]
+    assert len(bridge) >= 9
+    for case in bridge:
+        assert str(case["training"]["grad_reduce"]).startswith("bf16: Megatron-Bridge")
+        assert job_of(case)[0]["bf16_grads"], case["id"]
+    row = predict_case(next(c for c in bridge if c["id"].startswith("mbridge_qwen3_30b")
+                            and c["id"].endswith("_2511")))
+    assert row.predicted is not None, row
 
 
 def test_nemo_automodel_rows_run_as_their_configs_say() -> None:

@@ -136,6 +136,11 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="hold the model in bf16: weights, gradients and optimizer states, "
                            "no fp32 copies (torchtune, LitGPT bf16-true); needs --precision "
                            "bf16")
+    tech.add_argument("--grad-reduce-in-bf16", action="store_true",
+                      help="accumulate and reduce gradients in bf16, not fp32 (Megatron-LM's "
+                           "--grad-reduce-in-bf16, Megatron-Bridge's ddp.grad_reduce_in_fp32 "
+                           "false): half the gradient buffer and data-parallel traffic; "
+                           "with bf16 or fp8")
     tech.add_argument("--channels-last", action="store_true",
                       help="a CNN's tensors channels-last (model.to(memory_format="
                            "torch.channels_last)): no transposes around cuDNN's tensor-core "

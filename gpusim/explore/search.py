@@ -170,7 +170,7 @@ def closed_form_step(plan: ParallelPlan) -> float:
     job = plan.job
     p = job.parallel
     m, stages, v = job.microbatches, p.pipeline, p.virtual_stages
-    grad = job.whole.grad_bytes
+    grad = job.whole.reduce_bytes  # as the gradients travel
     weight = job.whole.weight_bytes
     optimizer = max(st.optimizer_s for st in plan.stages)
     if p.zero >= 2 and p.data > 1:

@@ -139,6 +139,7 @@ def build_job(
     tp_overlap: bool = False,
     ep_overlap: bool = False,
     overlap_grad_reduce: bool = True,
+    bf16_grads: bool = False,
     max_batch: bool = False,
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
@@ -168,7 +169,7 @@ def build_job(
     the model under torch.compile (TorchInductor's fused kernels, no per-op Python);
     ``optimizer_in_backward`` steps each parameter as its gradient arrives and
     ``offload_activations`` keeps the saved activations in host memory (both torchtune's,
-    one GPU only)."""
+    one GPU only); ``bf16_grads`` accumulates and reduces gradients in bf16."""
     if power_limit_w is not None:
         gpu = limited_device(gpu, system, power_limit_w)
     framework = load_stack(stack).with_attention(attention).with_compile(compile)
@@ -202,7 +203,7 @@ def build_job(
                           stack=framework, offload=offload, quantized_base=quantized,
                           adapters_only=finetune != "full", fp8_recipe=fp8_recipe,
                           optimizer_in_backward=optimizer_in_backward,
-                          offload_activations=offload_activations)
+                          offload_activations=offload_activations, bf16_grads=bf16_grads)
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
@@ -226,7 +227,8 @@ def build_job(
                        optimizer, checkpointing,
                        frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
                        stack=framework, offload=offload, quantized_base=quantized,
-                       adapters_only=finetune != "full", fp8_recipe=fp8_recipe)
+                       adapters_only=finetune != "full", fp8_recipe=fp8_recipe,
+                       bf16_grads=bf16_grads)
     if max_batch:
         share = batch_size * config.context // config.data
 

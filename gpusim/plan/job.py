@@ -75,6 +75,9 @@ class TrainingJob:
     frees the gradient (torchtune's ``optimizer_in_bwd``); ``offload_activations`` moves the
     tensors saved for backward to pinned host memory and back (torchtune's
     ``enable_activation_offloading``; gpusim.plan.activation_offload).
+    ``bf16_grads`` accumulates and reduces gradients in bf16 (Megatron-LM's
+    ``--grad-reduce-in-bf16``, Megatron-Bridge's ``ddp.grad_reduce_in_fp32: false``); see
+    ``grad_bytes`` and ``reduce_bytes``.
     """
 
     model: Model
@@ -97,6 +100,7 @@ class TrainingJob:
     fp8_recipe: str = "tensorwise"  # with precision fp8: how scales are found (workload/fp8.py)
     optimizer_in_backward: bool = False  # each parameter stepped as its gradient arrives
     offload_activations: bool = False  # saved activations kept in host memory until backward
+    bf16_grads: bool = False  # gradients accumulated and reduced in bf16, not fp32
     # Tensor-parallel ranks a stage's layers are split over (a ParallelJob's stage jobs; 1 for
     # one device): with a dtensor stack, whether the loss runs under loss_parallel
     tensor_parallel: int = 1
@@ -145,6 +149,9 @@ class TrainingJob:
         if self.pure_bf16 and self.master_weights:
             raise InvalidConfig("pure bf16 keeps no fp32 master weights, which Megatron-LM "
                                 "style training (tensor or pipeline parallelism) keeps")
+        if self.bf16_grads and self.precision not in ("bf16", "fp8"):
+            raise InvalidConfig(f"--grad-reduce-in-bf16 goes with bf16 or fp8 training, whose "
+                                f"gradients are bf16 (got --precision {self.precision})")
         if self.optimizer_in_backward:
             self._check_optimizer_in_backward()
         if self.offload_activations and not self.device.is_gpu:
@@ -198,10 +205,23 @@ class TrainingJob:
 
     @property
     def grad_bytes(self) -> int:
-        """Bytes per gradient element as accumulated and reduced: fp32, except that
+        """Bytes per gradient element as kept and accumulated: fp32, except that
         Megatron-LM's fp16 training keeps fp16 gradients (it accumulates and all-reduces in
-        fp32 only for bf16, where it forces accumulate_allreduce_grads_in_fp32)."""
-        return 2 if (self.master_weights and self.precision == "fp16") or self.pure_bf16 else 4
+        fp32 only for bf16, where it forces accumulate_allreduce_grads_in_fp32 unless
+        --grad-reduce-in-bf16 says otherwise: megatron/training/arguments.py, and its
+        gradient buffers take grad_reduce_in_fp32's type, core/distributed/
+        param_and_grad_buffer.py). Stacks without such buffers keep gradients in the
+        parameters' type, whatever type they reduce in."""
+        if self.master_weights and (self.precision == "fp16" or self.bf16_grads):
+            return 2
+        return 2 if self.pure_bf16 else 4
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per gradient element as data parallelism reduces it: the kept type, or
+        bf16 where ``bf16_grads`` says so (for FSDP2 its MixedPrecisionPolicy reduce_dtype,
+        for DDP a bf16 compression hook; the gradients they keep stay fp32)."""
+        return 2 if self.bf16_grads else self.grad_bytes
 
     @property
     def framework(self) -> Stack:

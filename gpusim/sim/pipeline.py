@@ -149,7 +149,7 @@ def simulate_pipeline(plan: ParallelPlan, *, trace: bool = True, per_rank: bool 
 
     # A collective of a stage's replicas runs at the pace of its slowest member's link.
     group_link = [max(link[q][s] for q in range(replicas)) for s in range(pp)]
-    grad_bytes = job.whole.grad_bytes
+    grad_bytes = job.whole.reduce_bytes  # as the gradients travel
     dp = DataParallel(env, par, replicas, collective_s, group_link, grad_bytes, comm_slowdown,
                       shared or on_node_links, events)
     outputs = [Outputs(env) for _ in range(replicas)]
