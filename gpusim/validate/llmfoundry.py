@@ -24,8 +24,6 @@ from gpusim.workload.model import Model
 TABLES_FILE = data_dir("published") / "llmfoundry_tables.yaml"
 GPUS = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-80gb", "a100_40gb": "a100-40gb"}
 STACK = "llm-foundry-2023"
-PURE = ("FSDP mixed precision PURE (gradients reduced in bf16) predicted as DEFAULT "
-        "(reduced in fp32)")
 
 
 @dataclass(frozen=True)
@@ -87,9 +85,7 @@ def mpt(size: str, seq_len: int, models: dict[str, Any]) -> Model:
 
 def job_of(row: TableRow, models: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """estimate() keywords for a row, and what they assume beyond it."""
-    flags = []
-    if row.mp_mode == "PURE":
-        flags.append(PURE)
+    flags: list[str] = []
     fp8 = "fp8" in row.precision
     kwargs = {
         "model": mpt(row.model, row.seq_len, models), "gpu": GPUS[row.gpu],
@@ -97,6 +93,9 @@ def job_of(row: TableRow, models: dict[str, Any]) -> tuple[dict[str, Any], tuple
         "precision": "fp8" if fp8 else "bf16", "seq_len": row.seq_len, "num_gpus": row.gpus,
         "optimizer": "adamw", "checkpointing": "full" if row.activation_checkpointing else "none",
         "stack": STACK, "fp8_recipe": "delayed", "zero": 3,
+        # Composer's FSDP mixed precision PURE reduces in the 16-bit type (reduce_dtype =
+        # precision; DEFAULT's is fp32): composer/trainer/mosaic_fsdp.py, get_mixed_precision
+        "bf16_grads": row.mp_mode == "PURE",
     }
     return kwargs, tuple(flags)
 
