@@ -9,9 +9,11 @@ from __future__ import annotations
 from gpusim.validate.llmfoundry import load_tables, mpt, predict_all, summary
 
 # 2026-11-24: 216 rows, mean absolute error 10.3%, mean signed +4.9% (H100 rows at 32K-65K
-# tokens 21-26% slow, the A100 125M rows 24-35% fast). Only ever tightened.
-MAE_BUDGET = 0.105
-SIGNED_BUDGET = 0.06
+# tokens 21-26% slow, the A100 125M rows 24-35% fast). The same day 9.5% and +3.5% with FSDP's
+# gradient preparation for each unit's reduce-scatter costed (FSDP1's concatenation, cast and
+# pre-divide) and PURE rows reducing in bf16. Only ever tightened.
+MAE_BUDGET = 0.097
+SIGNED_BUDGET = 0.05
 
 
 def test_every_table_row_is_read_and_consistent() -> None:

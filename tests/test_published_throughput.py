@@ -25,8 +25,10 @@ from gpusim.validate.published_throughput import (
 # sequence lengths), then torchao's float8 tables added 3 H100 rows that run as stated and
 # are 18-31% fast: 32 cases at 14.53%, the budget set for them. Later that day: 13.6% with a
 # product's exposed result write and fp8's byte counts, then 33 cases at 13.62% with the
-# Megatron-MoE-ModelZoo's Qwen3-235B over Megatron-FSDP (+14.6%).
-EAGER_MAPE_BUDGET = 0.137
+# Megatron-MoE-ModelZoo's Qwen3-235B over Megatron-FSDP (+14.6%). Later 8.9% (these 33 cases
+# as they ran, mean signed +4.0%), then 7.9% (+3.0%) with FSDP's gradient preparation for each
+# unit's reduce-scatter costed (FSDP2's copy-in, FSDP1's concatenation, cast and pre-divide).
+EAGER_MAPE_BUDGET = 0.081
 
 
 def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:

@@ -80,10 +80,21 @@ def chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[A
     for la in layers if copies_out else ():
         unit_params[la.block or la.name] += la.params
     gathered: dict[str, str] = {}  # pass ("forward", "backward") -> the unit gathered last
+    reducing = stage_job.fsdp
+    grads: dict[str, int] = defaultdict(int)  # a unit's trained parameters
+    for la in layers if reducing else ():
+        if stage_job.trains_weights(la):
+            grads[la.block or la.name] += la.params
+    last_unit, last_layer = "", ""  # whose gradients the backward pass is computing
     for i, kind in microbatch_steps(stage_job):
         layer = layers[i]
         if copies_out:
             out += _gather_copy_out(stage_job, layer, kind, unit_params, gathered, cal, cache)
+        unit = layer.block or layer.name
+        if reducing and kind != "forward" and unit != last_unit:
+            out += _reduce_copy_in(stage_job, last_unit, last_layer, grads, cal, cache)
+            last_unit = unit
+        last_layer = layer.name
         prec = precision[layer.name]
         key = ("step", shape, signature[i], kind, prec, stage_job.is_trainable(layer.name),
                stage_job.quantized(layer))
@@ -94,7 +105,41 @@ def chunk_ops(stage_job: TrainingJob, signature: tuple[int, ...], shape: tuple[A
             cache[key] = found
         name = layer.name
         out += [(c[0] or name, *c[1:]) for c in found]
+    if reducing:
+        out += _reduce_copy_in(stage_job, last_unit, last_layer, grads, cal, cache)
     return out
+
+
+def _reduce_copy_in(stage_job: TrainingJob, unit: str, layer: str, grads: dict[str, int],
+                    cal: Calibration, cache: dict[Any, Any]) -> list[Costed]:
+    """What PyTorch FSDP does to a unit's unsharded gradients, in the compute type, before
+    it reduce-scatters them, once the backward pass is done with the unit. FSDP2
+    (fully_shard) copies them into one reduce-scatter input in the reduce type
+    (_fsdp_collectives.py, foreach_reduce: foreach_reduce_scatter_copy_in on the current
+    stream; fp32 and bf16 are averaged by NCCL, no divide kernel). FSDP1's FlatParameter
+    gets them from autograd as one concatenated gradient (its layers' weights are split
+    views of it), which _post_backward_hook casts to the reduce type and _reduce_grad
+    divides in place by the pre-divide factor before the reduce-scatter
+    (_runtime_utils.py: flat_param.grad.to(handle._reduce_dtype), _div_if_needed). FSDP1
+    runs the cast and the divide on its post-backward stream; they are costed as if on the
+    compute stream, where they take the same memory bandwidth. Named after ``layer``, the
+    unit's layer the backward pass ran last."""
+    params = grads.get(unit, 0)
+    if not params:
+        return []
+    grad, reduce = stage_job.numerics().act_bytes, stage_job.reduce_bytes
+    if stage_job.framework.fsdp == "per_parameter":
+        moved = grad + reduce  # the copy-in, cast on the way
+    else:
+        moved = 2 * grad + (grad + reduce if reduce != grad else 0) + 2 * reduce
+    key = ("fsdp_reduce_copy_in", params, moved, cal.name)
+    found = cache.get(key)
+    if found is None:
+        # bytes per element as one-byte elements read and written (half each)
+        op = memory_op("fsdp_reduce_copy_in", params * moved / 2, params * moved / 2, 1.0,
+                       0.0, allocates=False, phase="backward", family="copy")
+        found = cache[key] = costed_ops([op], stage_job.device, cal)[0]
+    return [(layer, *found[1:])]
 
 
 def _gather_copy_out(stage_job: TrainingJob, layer: Layer, kind: str,
