@@ -114,6 +114,10 @@ class Stack(BaseModel):
     # FlatParameter): the layers' weights are views into the gathered buffer, nothing is
     # copied. A source is cited where a stack sets it.
     fsdp: Literal["per_parameter", "flat"] = "per_parameter"
+    # the multiple the framework pads the vocabulary to, per tensor-parallel rank: Megatron-LM
+    # pads it to make_vocab_size_divisible_by (128) x TP with dummy tokens, so that the
+    # embedding and the logits' product have aligned shards; 1: as the tokenizer has it
+    vocab_multiple: int = Field(1, ge=1)
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -123,6 +127,8 @@ class Stack(BaseModel):
             missing.append("tensor_parallel")
         if self.fsdp != "per_parameter" and "fsdp" not in self.sources:
             missing.append("fsdp")
+        if self.vocab_multiple != 1 and "vocab_multiple" not in self.sources:
+            missing.append("vocab_multiple")
         if self.sync_before_step and "sync_before_step" not in self.sources:
             missing.append("sync_before_step")
         if self.fp8_experts and "fp8_experts" not in self.sources:

@@ -70,6 +70,27 @@ def test_megatron_bridge_rows_reduce_gradients_in_bf16() -> None:
     assert row.predicted is not None, row
 
 
+# 2026-11-24: NeMo 24.07's pre-training table (DGX-H100, FP8), 11 of its 12 rows predicted
+# with mean absolute error 5.6% and mean signed +4.9% (GPT3-5B +14%, Nemotron-8B +13%, the
+# rest -4 to +6%); Nemotron-340B is refused (90.5 GiB against 79.2: NeMo 24.07's apex
+# DistributedFusedAdam, which keeps 16-bit remainders of the master weights, is not modelled).
+NEMO_2407_MAE, NEMO_2407_SIGNED = 0.06, 0.055
+
+
+def test_nemo_2407_pretraining_table() -> None:
+    """NeMo's own 24.07 performance summary: GPT-3, Llama 2 and 3 and Nemotron at FP8 on
+    8 to 512 H100s, under Megatron-Core with its padded vocabulary (GPT3-175B was 11-17% slow
+    while its 50,257-token logits ran as an unaligned product)."""
+    cases = [c for c in load_cases() if c["id"].startswith("nemo2407_")]
+    assert len(cases) == 12
+    rows = [predict_case(c) for c in cases]
+    errors = [r.error for r in rows if r.error is not None]
+    assert len(errors) == 11, [r for r in rows if r.error is None]
+    mae = sum(abs(e) for e in errors) / len(errors)
+    signed = sum(errors) / len(errors)
+    assert mae <= NEMO_2407_MAE and abs(signed) <= NEMO_2407_SIGNED, (mae, signed)
+
+
 def test_nemo_automodel_rows_run_as_their_configs_say() -> None:
     """NeMo AutoModel holds its model in bf16 (from_config's torch_dtype "auto") with bf16
     logits into the loss: its Qwen3-30B row on 8 H100s fits, and its DeepSeek-V3 row under

@@ -500,3 +500,20 @@ def test_the_host_waits_before_the_step_where_a_value_is_read() -> None:
     job, _ = build_job("gpt2", "xeon6-2vcpu", 8, precision="fp32", stack="megatron")
     assert isinstance(job, TrainingJob)
     assert not lower(job).sync_before_optimizer  # a CPU has no queue to drain
+
+
+def test_megatron_pads_the_vocabulary_to_128_per_tensor_parallel_rank() -> None:
+    # Megatron-LM's vocab_size_with_padding: GPT-2's 50,257 tokens become 50,688 under TP 4
+    # (a multiple of 128 x 4), so each rank's logits product is 12,672 wide, aligned; a
+    # PyTorch stack splits the tokenizer's vocabulary as it is
+    from gpusim.plan.parallel import plan_parallel
+
+    def head_width(stack: str) -> int:
+        job = build_job("gpt3-1.3b", None, 16, precision="bf16", system="dgx-h100",
+                        num_gpus=8, tp=4, microbatch_size=1, stack=stack)[0]
+        chunk = plan_parallel(job).stages[0].chunks[-1]  # type: ignore[arg-type]
+        return next(la.out_features for la in chunk.layers if la.name == "head.vocab")
+
+    assert load_stack("megatron").vocab_multiple == 128
+    assert head_width("megatron") == 50688 // 4
+    assert head_width("pytorch") == -(-50257 // 4)

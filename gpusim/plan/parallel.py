@@ -34,7 +34,7 @@ from gpusim.plan.offload import offload_seconds
 from gpusim.plan.optimizer_step import optimizer_ops, parameter_tensors
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.pass_cost import expert_group
-from gpusim.plan.tensor_parallel import shard_layer
+from gpusim.plan.tensor_parallel import pad_vocab, shard_layer
 from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.model import Model
 
@@ -107,10 +107,12 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
             # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
             tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
 
+        multiple = job.whole.framework.vocab_multiple * p.tensor
+
         def shard(layers: list[Layer]) -> list[Layer]:
             return [hold_experts(split_sequence(shard_layer(
-                fold_experts(la, p.tensor, p.expert_tensor), p.tensor, p.sequence_parallel),
-                p.context), p.expert) for la in layers]
+                fold_experts(pad_vocab(la, multiple), p.tensor, p.expert_tensor), p.tensor,
+                p.sequence_parallel), p.context), p.expert) for la in layers]
 
         cache[key] = (shard(lead), [shard(block) for block in body], shard(tail))
     lead, body, tail = cache[key]

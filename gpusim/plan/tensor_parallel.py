@@ -34,6 +34,25 @@ from gpusim.workload.moe import MoE
 from gpusim.workload.ops import DTYPE_BYTES
 
 
+def pad_vocab(layer: Layer, multiple: int) -> Layer:
+    """A layer that splits the vocabulary (embedding, logits, loss) over a vocabulary padded
+    with dummy tokens to a multiple of ``multiple``, as the stack pads it (Stack.vocab_multiple
+    times TP); others as they are."""
+    if multiple <= 1 or layer.tp != "vocab":
+        return layer
+
+    def up(v: int) -> int:
+        return -(-v // multiple) * multiple
+
+    if isinstance(layer, Embedding):
+        return replace(layer, num_embeddings=up(layer.num_embeddings))
+    if isinstance(layer, Linear):
+        return replace(layer, out_features=up(layer.out_features))
+    if isinstance(layer, CrossEntropy):
+        return replace(layer, classes=up(layer.classes))
+    return layer
+
+
 def shard_layer(layer: Layer, tensor: int, sequence_parallel: bool) -> Layer:
     """The part of ``layer`` one tensor-parallel rank holds and computes."""
     t = tensor

@@ -99,20 +99,24 @@ def _shipped(m: dict[str, Any]) -> str:
 
 def model_of(m: dict[str, Any], seq: int) -> Model:
     """The transformer a published case's model block describes (its dimensions; a gated MLP
-    means SwiGLU with RoPE and no biases, else GELU with learned positions and biases)."""
+    means SwiGLU with RoPE and no biases, else GELU with learned positions and biases, unless
+    the block says ``positions`` and ``bias``; any other plain activation, as Nemotron's
+    squared ReLU, is costed as GELU's one elementwise pass)."""
     if _shipped(m):
         return zoo.get(_shipped(m), seq_len=seq)
     gated = bool(m.get("gated_mlp"))
     norm = "rmsnorm" if "rms" in str(m.get("norm", "")) else "layernorm"
     experts = int(m.get("experts") or 0)
     ffn = m.get("ffn_hidden")
+    positions = str(m.get("positions") or ("rotary" if gated else "learned"))
     cfg = TransformerConfig(
         name=str(m["name"]), layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
         kv_heads=m.get("kv_heads"), head_dim=m.get("head_dim"),
         ffn_hidden=ffn if isinstance(ffn, int) else None, vocab=m["vocab"],
         seq_len=seq, norm=norm, activation="swiglu" if gated else "gelu",
-        positions="rotary" if gated else "learned", max_positions=None if gated else seq,
-        tied_embeddings=bool(m.get("tied_embeddings")), bias=not gated, experts=experts,
+        positions=positions, max_positions=seq if positions == "learned" else None,
+        tied_embeddings=bool(m.get("tied_embeddings")), bias=bool(m.get("bias", not gated)),
+        experts=experts,
         top_k=int(m.get("top_k") or 2), moe_ffn=m.get("expert_ffn_hidden"),
         shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0), sliding_window=_window(m),
         global_every=int(m.get("global_every") or 0))
