@@ -28,6 +28,7 @@ from gpusim.plan.job import (
 )
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
 from gpusim.plan.remedies import required_bytes
+from gpusim.plan.tensor_parallel import pad_vocab
 from gpusim.stack import Stack, apply_stack, load_stack
 from gpusim.workload import formats, zoo
 from gpusim.workload.layers import Conv2d, Layer
@@ -194,6 +195,8 @@ def build_job(
         if gpu is None:
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
+        # the stack's vocabulary padding (parallel jobs pad per TP rank as they shard)
+        net = replace_layers(net, lambda la: pad_vocab(la, framework.vocab_multiple))
         job = TrainingJob(net, device, batch_size, _precision(precision, device), grad_accum,
                           optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,
