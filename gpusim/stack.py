@@ -256,7 +256,11 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
                        fused=stack.loss == "fused" or compiled,
                        chunks=stack.loss_chunks, chunk_rows=stack.loss_chunk_tokens)
     if isinstance(layer, Elementwise) and layer.op == "swiglu":
-        return replace(layer, saves=2 if stack.swiglu == "fused" or compiled else 3)
+        # a fused SwiGLU is one kernel each way, costed at the rate measured for
+        # TorchInductor's silu*mul (what Megatron-LM's is; Transformer Engine's own fused
+        # kernel taken alike)
+        fused = stack.swiglu == "fused"
+        return replace(layer, saves=2 if fused or compiled else 3, generated=fused)
     if isinstance(layer, Attention):
         layer = replace(layer, expand_kv=stack.kv_heads == "expanded")
         if stack.attention == "math":

@@ -74,7 +74,9 @@ def test_megatron_bridge_rows_reduce_gradients_in_bf16() -> None:
 # with mean absolute error 5.6% and mean signed +4.9% (GPT3-5B +14%, Nemotron-8B +13%, the
 # rest -4 to +6%); Nemotron-340B is refused (90.5 GiB against 79.2: NeMo 24.07's apex
 # DistributedFusedAdam, which keeps 16-bit remainders of the master weights, is not modelled).
-NEMO_2407_MAE, NEMO_2407_SIGNED = 0.06, 0.055
+# The same day 6.9% and +6.3%: Megatron's fused SwiGLU costed as the TorchInductor kernels it
+# is (jit_fuser is torch.compile), its Llama rows 2-3 points faster.
+NEMO_2407_MAE, NEMO_2407_SIGNED = 0.07, 0.065
 
 
 def test_nemo_2407_pretraining_table() -> None:

@@ -517,3 +517,19 @@ def test_megatron_pads_the_vocabulary_to_128_per_tensor_parallel_rank() -> None:
     assert load_stack("megatron").vocab_multiple == 128
     assert head_width("megatron") == 50688 // 4
     assert head_width("pytorch") == -(-50257 // 4)
+
+
+def test_a_fused_swiglu_runs_the_generated_kernel() -> None:
+    # Megatron-LM's fused SwiGLU is written under jit_fuser, torch.compile since torch 2.2:
+    # its kernels are costed as TorchInductor's silu*mul, an eager stack's as PyTorch's
+    from gpusim.workload.layers import Elementwise
+    from gpusim.workload.numerics import Numerics
+
+    def family(stack: str) -> str:
+        model = apply_stack(zoo.get("llama3-8b", seq_len=128), load_stack(stack))
+        act = next(la for la in model.layers
+                   if isinstance(la, Elementwise) and la.op == "swiglu")
+        return act.family(Numerics("bf16", "bf16", 2))
+
+    assert family("megatron") == "swiglu_compiled"
+    assert family("pytorch") == "swiglu"

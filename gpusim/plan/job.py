@@ -35,7 +35,8 @@ def auto_precision(device: DeviceProfile) -> TrainingPrecision:
     return "fp32"
 Optimizer = Literal["adam", "adamw", "sgd", "sgd-momentum", "adamw8bit", "adafactor"]
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum", "adamw8bit", "adafactor")
-# A recompute mode (gpusim.plan.recompute): none, selective, per-op, full or every-k:N.
+# A recompute mode (gpusim.plan.recompute): none, selective, per-op, full, every-k:N or
+# block:N.
 Checkpointing = str
 
 # Data-loader worker processes a training process starts unless told otherwise (a common

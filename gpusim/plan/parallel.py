@@ -197,9 +197,9 @@ def _placed_chunks(job: ParallelJob, cal: Calibration, host_per_op: float,
     trains_all = (tuple(tuple(job.whole.trains_weights(la) for la in layers)
                         for layers in layer_chunks) if job.freezes else None)
     # Blocks cost alike wherever they sit in a chunk, but for frozen layers (backward stops
-    # at the first that trains) and every-k recompute (which checkpoints every k-th block of
-    # a chunk): chunks of those are costed whole.
-    alike = trains_all is None and not job.checkpointing.startswith("every-k:")
+    # at the first that trains) and every-k and block recompute (which checkpoint some of a
+    # chunk's blocks): chunks of those are costed whole.
+    alike = trains_all is None and not job.checkpointing.startswith(("every-k:", "block:"))
     plans, keys = [], []
     for index, (layers, signature, layout) in enumerate(
             zip(layer_chunks, signatures, layouts, strict=True)):

@@ -29,6 +29,11 @@ what it runs again before a block's backward.
   forward (Megatron-LM's ``--recompute-granularity full``, torch.utils.checkpoint per block).
 - ``every-k:N`` checkpoints every N-th body block (the N-th, 2N-th, ...) fully and keeps
   everything in the others (torchtitan's ``selective_ac_option`` as a number).
+- ``block:N`` checkpoints the first N body blocks of each model chunk (a pipeline stage's, or
+  the whole model's on one stage) fully and keeps everything in the rest: Megatron-LM's
+  ``--recompute-granularity full --recompute-method block --recompute-num-layers N``
+  (megatron/core/transformer/transformer_block.py, _checkpointed_forward: layers of the
+  chunk below recompute_num_layers are checkpointed).
 """
 
 from __future__ import annotations
@@ -41,14 +46,15 @@ from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
 
 MODES: tuple[str, ...] = ("none", "selective", "selective:M+M", "per-op", "full",
-                          "every-k:N")
+                          "every-k:N", "block:N")
 # Megatron-LM's --recompute-modules that gpusim models, in the order it writes them.
 SELECTIVE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act", "moe")
 HELP = ("activation recompute: none; selective (Megatron-LM: attention cores re-run); "
         "selective:M+M (Megatron-LM's --recompute-modules, of core_attn, layernorm, moe_act, "
         "moe: e.g. selective:layernorm+moe_act); per-op (PyTorch's op-policy checkpointing: "
         "matrix-product and attention outputs saved, the rest re-run); full (each block "
-        "re-runs); every-k:N (every N-th block re-runs)")
+        "re-runs); every-k:N (every N-th block re-runs); block:N (the first N blocks of each "
+        "pipeline chunk re-run, Megatron-LM's --recompute-method block)")
 
 
 def parse_recompute(text: str) -> str:
@@ -71,6 +77,13 @@ def parse_recompute(text: str) -> str:
             raise InvalidConfig(f"every-k:N needs a whole number of blocks N >= 1 (got "
                                 f"{value!r}), e.g. every-k:2 checkpoints every second block")
         return "full" if int(value) == 1 else f"every-k:{int(value)}"
+    if mode.startswith("block:"):
+        value = mode.split(":", 1)[1]
+        if not value.isdigit():
+            raise InvalidConfig(f"block:N needs a whole number of blocks N >= 0 (got "
+                                f"{value!r}), e.g. block:5 re-runs the first five blocks of "
+                                f"each pipeline chunk")
+        return "none" if int(value) == 0 else f"block:{int(value)}"
     raise InvalidConfig(f"unknown recompute mode {text!r}; use one of {', '.join(MODES)}")
 
 
@@ -112,6 +125,8 @@ def checkpointed_blocks(mode: str, model: Model) -> frozenset[str]:
     if mode.startswith("every-k:"):
         k = int(mode.split(":", 1)[1])
         body = [b for i, b in enumerate(body) if (i + 1) % k == 0]
+    elif mode.startswith("block:"):  # ``model``: the chunk's layers under pipeline stages
+        body = body[:int(mode.split(":", 1)[1])]
     return frozenset(body)
 
 

@@ -146,7 +146,7 @@ def _parts(plan: MemoryPlan) -> str:
 
 def _recompute_modes(current: str) -> list[str]:
     order = ["none", "selective", "per-op", "full"]
-    if current.startswith(("every-k:", "selective:")):
+    if current.startswith(("every-k:", "selective:", "block:")):
         return ["per-op", "full"]
     return [m for m in order[order.index(current) + 1:] if m != "selective"]
 

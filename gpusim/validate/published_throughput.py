@@ -276,6 +276,8 @@ def _recompute(t: dict[str, Any], flags: list[str], framework: str = "", model: 
     text = str(t.get("activation_checkpointing", "none"))
     if text in RECOMPUTE:
         return RECOMPUTE[text]
+    if re.fullmatch(r"block:\d+", text):  # Megatron-LM's --recompute-method block
+        return text
     low = text.lower()
     if "selective recompute of" in low:
         # Megatron's recompute_modules: [layernorm, moe_act] or [layernorm, moe] as a recipe

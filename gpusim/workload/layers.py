@@ -288,6 +288,10 @@ class Elementwise(Layer):
     # "cast_back" multiplies its weight after casting back (keeps an fp32 copy of the input
     # and the 16-bit normalized tensor), "fp32_weight" before (keeps both in fp32).
     upcast: str = ""
+    # Its kernels are TorchInductor-generated ones, one each way, even when the model runs
+    # eagerly: Megatron-LM's fused SwiGLU is written under jit_fuser, torch.compile since
+    # torch 2.2 (megatron/core/jit.py, fusions/fused_bias_swiglu.py). Family <op>_compiled.
+    generated: bool = False
 
     def tensor_sizes(self) -> list[int]:
         if self.op in ("batch_norm", "layer_norm"):  # weight and bias
@@ -311,6 +315,8 @@ class Elementwise(Layer):
             return "batch_norm_native"
         if self._upcasts(num):  # a chain of plain kernels, not the norm's own kernel
             return self.op + "_upcast"
+        if self.generated:  # the calibration's compiled family (COMPILED_SUFFIX)
+            return self.op + "_compiled"
         return self.op
 
     def _upcasts(self, num: Numerics) -> bool:
