@@ -121,7 +121,7 @@ def test_recompute_modes_parse(text: str, mode: str) -> None:
 
 @pytest.mark.parametrize("text", ["bogus", "every-k:0", "every-k:x", "every-k:", "block:x"])
 def test_unknown_recompute_modes_are_refused_with_the_list(text: str) -> None:
-    with pytest.raises(InvalidConfig, match="every-k|block:N"):
+    with pytest.raises(InvalidConfig, match=r"every-k|block:N"):
         parse_recompute(text)
 
 
