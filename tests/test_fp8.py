@@ -109,3 +109,19 @@ def test_experts_run_in_fp8_where_the_stack_runs_them_so() -> None:
     torchtitan = moe_ops("torchtitan")
     assert all(op.math != "fp8" for op in torchtitan)
     assert not any("to_fp8" in op.name for op in torchtitan)
+
+
+def test_a_lora_base_computes_in_fp8_but_a_qlora_base_does_not() -> None:
+    # Transformer Engine runs every module under fp8_autocast and torchao converts modules,
+    # not parameters that train: LoRA's frozen projections compute in fp8. QLoRA's 4-bit
+    # base is dequantized to bf16 before its products.
+    from gpusim.plan.autocast import layer_precisions
+
+    def matmul_of(finetune: str) -> str:
+        job = build_job("llama3-8b", "h100-sxm", 2, precision="fp8", seq_len=512,
+                        finetune=finetune, lora_targets=("q", "v"))[0]
+        assert isinstance(job, TrainingJob)
+        return layer_precisions(job)["h.0.mlp.up"].numerics.matmul
+
+    assert matmul_of("lora") == "fp8"
+    assert matmul_of("qlora") == "bf16"

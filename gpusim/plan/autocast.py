@@ -75,14 +75,16 @@ def input_elements(layer: Layer) -> int:
 
 def runs_in_fp8(layer: Layer, job: TrainingJob) -> bool:
     """Under fp8 training, the linear layers that frameworks convert (torchao's float8 and
-    Transformer Engine's): trained projections whose dimensions fp8 kernels take (multiples
-    of 16), not the output head; and a mixture of experts' experts where the stack runs
-    them in fp8 (Stack.fp8_experts)."""
+    Transformer Engine's): projections whose dimensions fp8 kernels take (multiples of 16),
+    not the output head, frozen ones too (TE runs every module under fp8_autocast, torchao
+    converts by module, not by requires_grad: a LoRA's base computes in fp8), but not a
+    QLoRA base held in 4 bits (dequantized to the compute type first); and a mixture of
+    experts' experts where the stack runs them in fp8 (Stack.fp8_experts)."""
     if isinstance(layer, MoE):
-        return (job.framework.fp8_experts and job.is_trainable(layer.name)
-                and not layer.hidden % 16 and not layer.ffn % 16)
+        return (job.framework.fp8_experts and not layer.hidden % 16
+                and not layer.ffn % 16)
     return (isinstance(layer, Linear) and not layer.name.startswith("head.")
-            and job.is_trainable(layer.name) and not layer.in_features % 16
+            and not job.quantized(layer) and not layer.in_features % 16
             and not layer.out_features % 16)
 
 
