@@ -164,7 +164,9 @@ class Stack(BaseModel):
         rest = (f"gradients {'freed' if self.zero_grad == 'to_none' else 'kept'} between "
                 f"steps, {optimizer}"
                 + (", the host waiting for a gradient norm before it" if self.sync_before_step
-                   else ""))
+                   else "")
+                + (f", the vocabulary padded to a multiple of {self.vocab_multiple} per "
+                   f"tensor-parallel rank" if self.vocab_multiple > 1 else ""))
         if self.compiled:
             outside = "the head eager, the loss compiled" if self.compile_loss else \
                 "the head and loss eager"
