@@ -540,3 +540,33 @@ def test_tp_overlap_hides_tensor_parallel_collectives_behind_their_products() ->
     assert "TP comm overlapped" in hidden.parallel
     with pytest.raises(InvalidConfig, match="needs --sequence-parallel"):
         estimate(**{**base, "sequence_parallel": False}, tp_overlap=True)
+
+
+def test_pytorch_async_tp_pays_its_own_copies_and_sum() -> None:
+    """PyTorch's micro-pipelined TP copies a gathered shard twice (into the symmetric buffer,
+    then into the gathered output) and sums the ranks' partial products after a
+    reduce-scatter, memory passes NCCL's collectives do not make; Megatron-LM's userbuffers
+    overlap is left as it was."""
+    from gpusim.hardware.calibration import calibration_for
+    from gpusim.hardware.catalog import load_gpu
+    from gpusim.plan.pass_cost import async_tp_passes
+    from gpusim.workload.ops import memory_op
+
+    gpu = load_gpu("h100-sxm")
+    cal = calibration_for(gpu)
+    size = 8 * 2**27  # bytes of the collective's full buffer
+
+    def copy_s(read: float, written: float) -> float:
+        from gpusim.cost.kernels import kernel_cost
+        return kernel_cost(memory_op("c", read, written, 1.0, 0.0, allocates=False,
+                                     family="copy"), gpu, cal).seconds
+
+    assert async_tp_passes("all_gather", size, 8, gpu, cal) == copy_s(size / 4, size / 4)
+    assert async_tp_passes("reduce_scatter", size, 8, gpu, cal) == copy_s(size, size / 8)
+    assert async_tp_passes("all_reduce", size, 8, gpu, cal) == 0.0
+    base = {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 16, "precision": "bf16",
+            "num_gpus": 8, "tp": 8, "seq_len": 4096, "microbatch_size": 1,
+            "sequence_parallel": True, "tp_overlap": True}
+    tp = {stack: estimate(**base, stack=stack).step.breakdown_s["tensor_parallel_comm"]
+          for stack in ("torchtitan-2025", "megatron")}
+    assert tp["torchtitan-2025"] > tp["megatron"]

@@ -29,8 +29,9 @@ from gpusim.validate.published_throughput import (
 # as they ran, mean signed +4.0%), then 7.9% (+3.0%) with FSDP's gradient preparation for each
 # unit's reduce-scatter costed (FSDP2's copy-in, FSDP1's concatenation, cast and pre-divide).
 # Then 34 cases (Megatron-Bridge's Llama 3 8B under Megatron-FSDP, -10%) at 8.0%, and 38 at
-# 9.16% with torchtitan's June 2025 async-TP columns (+6 to +29%: async TP over-credited).
-EAGER_MAPE_BUDGET = 0.092
+# 9.16% with torchtitan's June 2025 async-TP columns (+6 to +29%: async TP over-credited),
+# then 8.4% with async TP's own copies and partial-sum pass costed (+1 to +22%).
+EAGER_MAPE_BUDGET = 0.085
 
 
 def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:

@@ -27,7 +27,7 @@ from gpusim.plan.tensor_parallel import tp_collectives
 from gpusim.stack import Stack, runs_compiled
 from gpusim.workload.layers import Layer
 from gpusim.workload.moe import ep_collectives
-from gpusim.workload.ops import DTYPE_BYTES, Op
+from gpusim.workload.ops import DTYPE_BYTES, Op, memory_op
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,11 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
             hidden = gemm_s.get((name, beside), 0.0) if beside else 0.0
             if p.tp_overlap and beside:
                 # split into TP chunks pipelined with the product: one chunk stays exposed
-                tp.append(max(seconds / p.tensor, seconds - hidden))
+                exposed = max(seconds / p.tensor, seconds - hidden)
+                if kept:  # PyTorch's async TP: its own copies and sum besides
+                    exposed += async_tp_passes(collective, size, p.tensor,
+                                               job.topology.gpu, cal)
+                tp.append(exposed)
             else:
                 tp.append(max(0.0, seconds - hidden))
         for collective, size in cp_collectives(layers[name], phase, n, act):
@@ -194,6 +198,27 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
     host, backward_at = host_seconds(ops, layers, cal, host_per_op, job.whole.framework)
     return PassTerms(tuple(op[3] for op in ops), tuple(op[4] for op in ops), tuple(recompute),
                      tuple(flops), tuple(host), backward_at, tuple(tp), tuple(cp), tuple(ep))
+
+
+def async_tp_passes(collective: str, size: float, tensor: int, device: DeviceProfile,
+                    cal: Calibration) -> float:
+    """Seconds of the memory passes PyTorch's micro-pipelined TP adds to a collective it fuses
+    with a product (torch/distributed/_symmetric_memory/__init__.py): an all-gather-matmul
+    first copies the local shard into the symmetric buffer, before the pipeline starts
+    (_pipelined_multi_all_gather_and_consume: "giving up the chance to overlap"), and the
+    shard into the gathered output after it; a matmul-reduce-scatter sums the ranks' partial
+    outputs once they arrive (_fused_matmul_reduce_scatter_impl: torch.sum over the stacked
+    partials, the whole product output read, a shard written), where NCCL reduces inside
+    its collective. ``size``: the collective's full buffer in bytes."""
+    shard = size / tensor
+    if collective == "all_gather":
+        read, written = 2 * shard, 2 * shard
+    elif collective == "reduce_scatter":
+        read, written = size, shard
+    else:
+        return 0.0
+    op = memory_op("async_tp_pass", read, written, 1.0, 0.0, allocates=False, family="copy")
+    return kernel_cost(op, device, cal).seconds
 
 
 def pass_work(terms: PassTerms, job: ParallelJob, cal: Calibration,
