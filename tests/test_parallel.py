@@ -570,3 +570,23 @@ def test_pytorch_async_tp_pays_its_own_copies_and_sum() -> None:
     tp = {stack: estimate(**base, stack=stack).step.breakdown_s["tensor_parallel_comm"]
           for stack in ("torchtitan-2025", "megatron")}
     assert tp["torchtitan-2025"] > tp["megatron"]
+
+
+def test_pytorch_async_tp_runs_its_products_shard_by_shard() -> None:
+    """The fused all-gather-matmul multiplies each rank's rows as they arrive: TP products of
+    1/TP of the rows, each ending in a partly filled wave, take longer than the one."""
+    from gpusim.cost.kernels import kernel_cost
+    from gpusim.hardware.calibration import calibration_for
+    from gpusim.hardware.catalog import load_gpu
+    from gpusim.plan.pass_cost import shard_products_s
+    from gpusim.workload.layers import Linear
+    from gpusim.workload.numerics import Numerics
+
+    gpu = load_gpu("h100-sxm")
+    cal = calibration_for(gpu)
+    num = Numerics("bf16", "bf16", "bf16")
+    qkv = Linear("qkv", 4096, 768, 8192)  # Llama 3 8B's q, k, v on one of 8 TP ranks
+    whole = kernel_cost(qkv.forward(12, num)[0], gpu, cal).seconds
+    extra = shard_products_s(qkv, "fwd", 12, 8, num, gpu, cal)
+    assert 0.0 < extra < whole
+    assert shard_products_s(qkv, "fwd", 12, 1, num, gpu, cal) == 0.0

@@ -10,7 +10,7 @@ import functools
 import itertools
 import operator
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim import units
 from gpusim.comm.collectives import collective_seconds
@@ -25,9 +25,10 @@ from gpusim.plan.parallel_job import ParallelJob
 from gpusim.plan.recompute import activation_only
 from gpusim.plan.tensor_parallel import tp_collectives
 from gpusim.stack import Stack, runs_compiled
-from gpusim.workload.layers import Layer
+from gpusim.workload.layers import Layer, Linear
 from gpusim.workload.moe import ep_collectives
-from gpusim.workload.ops import DTYPE_BYTES, Op, memory_op
+from gpusim.workload.numerics import Numerics
+from gpusim.workload.ops import DTYPE_BYTES, Op, gemm_op, memory_op
 
 
 @dataclass(frozen=True)
@@ -185,9 +186,12 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
             if p.tp_overlap and beside:
                 # split into TP chunks pipelined with the product: one chunk stays exposed
                 exposed = max(seconds / p.tensor, seconds - hidden)
-                if kept:  # PyTorch's async TP: its own copies and sum besides
+                if kept:  # PyTorch's async TP: its own copies, sum and shard products
                     exposed += async_tp_passes(collective, size, p.tensor,
                                                job.topology.gpu, cal)
+                    exposed += shard_products_s(layers[name], beside, n, p.tensor,
+                                                _numerics(job, name in fp8),
+                                                job.topology.gpu, cal)
                 tp.append(exposed)
             else:
                 tp.append(max(0.0, seconds - hidden))
@@ -219,6 +223,31 @@ def async_tp_passes(collective: str, size: float, tensor: int, device: DevicePro
         return 0.0
     op = memory_op("async_tp_pass", read, written, 1.0, 0.0, allocates=False, family="copy")
     return kernel_cost(op, device, cal).seconds
+
+
+def shard_products_s(layer: Layer, beside: str, n: int, tensor: int, num: Numerics,
+                     device: DeviceProfile, cal: Calibration) -> float:
+    """Seconds PyTorch's micro-pipelined TP adds by running a fused product shard by shard:
+    the all-gather-matmul multiplies each rank's rows as they arrive and the matmul-reduce-
+    scatter computes each rank's rows apart (torch/distributed/_symmetric_memory:
+    shard_consumer and chunk_producer run one matmul per rank), ``tensor`` products of 1/TP
+    of the rows in place of one, each with its own last, partly filled wave."""
+    if not isinstance(layer, Linear):
+        return 0.0
+    ops = layer.forward(n, num) if beside == "fwd" else layer.backward_input(n, num)
+    product = next((op for op in ops if op.kind == "gemm" and op.gemm is not None), None)
+    if product is None or product.gemm is None:
+        return 0.0
+    whole = kernel_cost(product, device, cal).seconds
+    shard = gemm_op(product.name, replace(product.gemm, m=-(-product.gemm.m // tensor)),
+                    product.math, num.act_bytes, layer=product.layer)
+    return max(0.0, tensor * kernel_cost(shard, device, cal).seconds - whole)
+
+
+def _numerics(job: ParallelJob, fp8: bool) -> Numerics:
+    """A layer's numerics: the job's, with products in bf16 where the layer is not fp8."""
+    num = job.whole.numerics()
+    return num if fp8 or num.matmul != "fp8" else replace(num, matmul="bf16")
 
 
 def pass_work(terms: PassTerms, job: ParallelJob, cal: Calibration,
