@@ -101,7 +101,8 @@ def model_of(m: dict[str, Any], seq: int) -> Model:
     """The transformer a published case's model block describes (its dimensions; a gated MLP
     means SwiGLU with RoPE and no biases, else GELU with learned positions and biases, unless
     the block says ``positions`` and ``bias``; any other plain activation, as Nemotron's
-    squared ReLU, is costed as GELU's one elementwise pass)."""
+    squared ReLU, is costed as GELU's one elementwise pass; ``dropout`` where it trains with
+    some)."""
     if _shipped(m):
         return zoo.get(_shipped(m), seq_len=seq)
     gated = bool(m.get("gated_mlp"))
@@ -119,6 +120,7 @@ def model_of(m: dict[str, Any], seq: int) -> Model:
         experts=experts,
         top_k=int(m.get("top_k") or 2), moe_ffn=m.get("expert_ffn_hidden"),
         shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0), sliding_window=_window(m),
+        dropout=bool(m.get("dropout")),
         global_every=int(m.get("global_every") or 0))
     return build_transformer(cfg)
 
