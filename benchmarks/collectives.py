@@ -12,7 +12,6 @@ Last, all-reduce time against message size on one 8-GPU DGX H100, with the algor
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 import sys
@@ -32,6 +31,7 @@ from gpusim.comm.topology import CommGroup, Topology
 from gpusim.hardware.catalog import load_system
 from gpusim.hardware.profile import SystemProfile
 from gpusim.units import GIB, KIB, human_bytes
+from gpusim.workload.moe import expected_destinations
 
 DEFAULT = Path(__file__).resolve().parents[1] / "published" / "dev_cases.yaml"
 ALL_TO_ALL = Path(__file__).resolve().parents[1] / "published" / "all_to_all.yaml"
@@ -169,11 +169,8 @@ def deepep_bytes_per_rank(row: dict[str, Any]) -> float:
     """
     batch = row["deepep"]
     units = row["nodes"] if row["nodes"] > 1 else row["num_gpus"]
-    per_unit = batch["num_experts"] // units
-    reachable = batch["topk_groups"] * per_unit
-    topk = batch["topk"]
-    missed = math.comb(reachable - per_unit, topk) / math.comb(reachable, topk)
-    destinations = batch["topk_groups"] * (1 - missed)
+    destinations = expected_destinations(units, batch["num_experts"], batch["topk"],
+                                         batch["topk_groups"])
     return float(
         batch["tokens_per_rank"] * batch["hidden"] * batch["bytes_per_element"] * destinations
     )

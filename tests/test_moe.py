@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -383,3 +384,40 @@ def test_autocast_casts_a_mixture_of_experts_weights_as_a_linear_layers(h100: GP
     assert memory_plan(job).weight_copies == pytest.approx(copies)
     megatron = TrainingJob(model, h100, 1, "bf16", master_weights=True)
     assert not [op for op in microbatch_ops(megatron) if op.name.endswith("cast_weight")]
+
+
+def test_expected_destinations_count_distinct_ranks_or_nodes() -> None:
+    from gpusim.workload.moe import expected_destinations
+    # one expert per unit: every pick a unit of its own
+    assert expected_destinations(8, 8, 2) == pytest.approx(2.0)
+    # all experts on one unit of eight picked: 1 - C(7e, k) / C(8e, k) of them each
+    assert expected_destinations(8, 256, 8) == pytest.approx(5.29, abs=0.01)
+    # DeepSeek-V3's 4-of-8 node-limited routing, as DeepEP's own tests count it
+    assert expected_destinations(8, 256, 8, 4) == pytest.approx(3.63, abs=0.01)
+    assert expected_destinations(2, 4, 8) == 2.0  # more picks than units
+
+
+def test_deepep_sends_a_token_once_per_destination() -> None:
+    """DeepEP dispatches a token once per destination rank inside a node and once per node
+    across nodes (forwarded over NVLink there), where NCCL's all-to-all sends a copy per
+    chosen expert; DeepSeek-V3's group-limited routing bounds the nodes at 4 of 8."""
+    moe = MoE("m", 7168, 2048, 256, 8, rows=4096, local_experts=4, groups=8,
+              groups_per_token=4)
+    plain = ep_collectives(moe, "forward", 1, 2)[0][1]
+    assert plain == 4096 * 8 * 7168 * 2
+    across = ep_collectives(moe, "forward", 1, 2, dedup_units=8)[0][1]
+    assert across == pytest.approx(plain / 8 * 3.629, rel=1e-3)
+    free = ep_collectives(replace(moe, groups=0, groups_per_token=0), "forward", 1, 2,
+                          dedup_units=8)[0][1]
+    assert across < free < plain
+    # on a whole job: the all-to-alls of DeepSeek-V3 over 64 ranks on 8 nodes shrink
+    base: dict[str, Any] = {
+        "model": "deepseek-v3", "gpu": "h100-sxm", "seq_len": 4096, "batch_size": 512,
+        "num_gpus": 512, "pp": 8, "pp_layers": (7, 7, 8, 8, 8, 8, 8, 7), "ep": 64,
+        "microbatch_size": 1, "precision": "bf16", "stack": "megatron", "zero": 1,
+        "checkpointing": "full"}
+    comm = {d: estimate(**base, ep_dispatcher=d).step.breakdown_s["expert_parallel_comm"]
+            for d in ("alltoall", "deepep")}
+    assert comm["deepep"] < 0.7 * comm["alltoall"]
+    with pytest.raises(InvalidConfig, match="dispatcher"):
+        estimate(**base, ep_dispatcher="nccl")

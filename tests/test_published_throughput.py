@@ -31,8 +31,9 @@ from gpusim.validate.published_throughput import (
 # Then 34 cases (Megatron-Bridge's Llama 3 8B under Megatron-FSDP, -10%) at 8.0%, and 38 at
 # 9.16% with torchtitan's June 2025 async-TP columns (+6 to +29%: async TP over-credited),
 # then 8.4% with async TP's own copies and partial-sum pass costed (+1 to +22%), 8.2% with its
-# products run shard by shard (+0 to +20%).
-EAGER_MAPE_BUDGET = 0.083
+# products run shard by shard (+0 to +20%); 8.43% once DeepEP's dispatch sends a token once
+# per destination rank or node (the ModelZoo's Qwen3-235B over Megatron-FSDP +11 -> +18%).
+EAGER_MAPE_BUDGET = 0.085
 
 
 def test_every_case_is_sourced_and_predicted_or_skipped_with_a_reason() -> None:

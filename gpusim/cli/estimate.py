@@ -144,7 +144,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "schedule": args.schedule, "virtual_stages": args.virtual_stages, "zero": args.zero,
         "pp_layers": args.pp_layers or (), "shard_group": args.shard_group or 0,
         "sequence_parallel": args.sequence_parallel, "tp_overlap": args.tp_overlap,
-        "ep_overlap": args.ep_overlap,
+        "ep_overlap": args.ep_overlap, "ep_dispatcher": args.ep_dispatcher,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce,
         "bf16_grads": args.grad_reduce_in_bf16, "max_batch": args.max_batch,
         "pure_bf16": args.pure_bf16, "stack": args.stack, "attention": args.attention,

@@ -139,6 +139,7 @@ def build_job(
     sequence_parallel: bool = False,
     tp_overlap: bool = False,
     ep_overlap: bool = False,
+    ep_dispatcher: str = "alltoall",
     overlap_grad_reduce: bool = True,
     bf16_grads: bool = False,
     max_batch: bool = False,
@@ -224,7 +225,8 @@ def build_job(
                              schedule=schedule, virtual_stages=virtual_stages, zero=zero,
                              stage_blocks=tuple(pp_layers), shard_group=shard_group,
                              sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
-                             ep_overlap=ep_overlap, expert_tensor_size=etp,
+                             ep_overlap=ep_overlap, ep_dispatcher=ep_dispatcher,
+                             expert_tensor_size=etp,
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, _precision(precision, topo.gpu),
                        optimizer, checkpointing,

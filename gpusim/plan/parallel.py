@@ -235,7 +235,7 @@ def _shape(job: ParallelJob, cal: Calibration) -> tuple[Any, ...]:
               job.precision, job.master_weights, job.fsdp, job.pure_bf16, job.fp8_recipe,
               job.quantized_base, job.adapters_only, cal.name, job.whole.framework.compiled,
               job.optimizer, job.offload)
-    return (memory, p.tp_overlap, p.ep_overlap, job.checkpointing)
+    return (memory, p.tp_overlap, p.ep_overlap, p.ep_dispatcher, job.checkpointing)
 
 
 def stage_layers(chunks: tuple[ChunkPlan, ...]) -> tuple[Layer, ...]:

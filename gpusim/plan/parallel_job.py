@@ -32,6 +32,7 @@ from gpusim.workload.model import Model
 
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+EP_DISPATCHERS = ("alltoall", "deepep")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -77,6 +78,11 @@ class ParallelConfig:
     # microbatch's compute (Megatron-LM's --overlap-moe-expert-parallel-comm, its combined
     # 1F1B schedule): what a pass's compute cannot cover stays exposed
     ep_overlap: bool = False
+    # How tokens reach their experts' ranks: "alltoall", one copy per chosen expert (NCCL's
+    # all-to-all, Megatron-LM's alltoall dispatcher); "deepep", one copy per destination rank
+    # inside a node and per destination node across nodes, forwarded over NVLink there
+    # (DeepSeek's DeepEP, Megatron-LM's flex dispatcher with --moe-enable-deepep)
+    ep_dispatcher: str = "alltoall"
 
     @property
     def shard_ranks(self) -> int:
@@ -141,6 +147,9 @@ class ParallelConfig:
         if self.tp_overlap and not self.sequence_parallel:
             raise InvalidConfig("--tp-overlap overlaps sequence parallelism's gathers and "
                                 "reduce-scatters: it needs --sequence-parallel (and --tp > 1)")
+        if self.ep_dispatcher not in EP_DISPATCHERS:
+            raise InvalidConfig(f"unknown expert-parallel dispatcher {self.ep_dispatcher!r}; "
+                                f"use one of {', '.join(EP_DISPATCHERS)}")
         if self.ep_overlap and self.expert == 1:
             raise InvalidConfig("--ep-overlap overlaps expert-parallel all-to-alls: it needs "
                                 "--ep > 1 (and a mixture-of-experts model)")
@@ -199,6 +208,8 @@ class ParallelConfig:
             text += ", TP comm overlapped"
         if self.ep_overlap:
             text += ", EP all-to-alls overlapped"
+        if self.expert > 1 and self.ep_dispatcher != "alltoall":
+            text += f", {self.ep_dispatcher} dispatch"
         return text
 
 

@@ -174,6 +174,9 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
     ep: list[float] = []
     # PyTorch's DTensor parallelism keeps a column layer's gathered input for backward
     kept = job.whole.framework.tensor_parallel == "dtensor"
+    # DeepEP sends a token once per destination node across nodes, once per rank inside one
+    dedup = ((ep_group.num_nodes if ep_group.spans_nodes else ep_group.size)
+             if p.ep_dispatcher == "deepep" else 0)
     for phase, name in passes:
         if phase == "recompute" and activation_only(layers[name], job.checkpointing):
             continue  # nothing to exchange
@@ -197,7 +200,7 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
                 tp.append(max(0.0, seconds - hidden))
         for collective, size in cp_collectives(layers[name], phase, n, act):
             cp.append(collective_seconds(collective, cp_group, size))
-        for collective, size in ep_collectives(layers[name], phase, n, act):
+        for collective, size in ep_collectives(layers[name], phase, n, act, dedup):
             ep.append(collective_seconds(collective, ep_group, size))
     host, backward_at = host_seconds(ops, layers, cal, host_per_op, job.whole.framework)
     return PassTerms(tuple(op[3] for op in ops), tuple(op[4] for op in ops), tuple(recompute),

@@ -220,6 +220,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs["etp"] = int(p["etp"])
     if ep > 1 and ("a2a_overlap true" in other or "a2a_overlap" in case["id"]):
         kwargs["ep_overlap"] = True  # Megatron's --overlap-moe-expert-parallel-comm
+    if ep > 1 and "deepep" in " ".join((case["id"], other, str(case.get("framework")))).lower():
+        kwargs["ep_dispatcher"] = "deepep"  # the run names DeepEP as its dispatcher
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
         kwargs["tp_overlap"] = async_tp

@@ -178,6 +178,9 @@ def _deepseek(f: _Fields, source: str) -> dict[str, Any]:
         "kv_lora_rank": f.need("kv_lora_rank"), "q_lora_rank": f.count("q_lora_rank") or 0,
         "qk_nope_head_dim": f.need("qk_nope_head_dim"),
         "qk_rope_head_dim": f.need("qk_rope_head_dim"), "v_head_dim": f.need("v_head_dim"),
+        # group-limited routing (DeepSeek-V3: each token's experts in 4 of 8 groups)
+        "expert_groups": f.count("n_group", default=0) or 0,
+        "groups_per_token": f.count("topk_group", default=0) or 0,
     }
 
 

@@ -20,6 +20,7 @@ experts over every rank's tokens routed to them, exchanged by all-to-alls before
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gpusim.comm.collectives import Collective
@@ -39,6 +40,11 @@ class MoE(Layer):
     gated: bool = True  # SwiGLU experts (up and gate projections)
     shared_ffn: int = 0  # hidden size of the always-on shared experts (0: none)
     local_experts: int = 0  # experts this rank holds under expert parallelism (0: all)
+    # Group-limited routing (DeepSeek-V3's n_group, topk_group): the experts fall in
+    # ``groups`` equal groups and each token picks its top_k among ``groups_per_token`` of
+    # them (0: any expert)
+    groups: int = 0
+    groups_per_token: int = 0
 
     @property
     def held(self) -> int:
@@ -222,12 +228,38 @@ class MoE(Layer):
                      + 2 * n * self.out_elements * num.act_bytes)
 
 
-def ep_collectives(layer: Layer, phase: str, n: int, act: int
+def expected_destinations(units: int, experts: int, top_k: int, reachable: int = 0) -> float:
+    """The expected number of distinct units (ranks, or nodes) a token's ``top_k`` experts
+    fall in, when ``experts`` spread evenly over ``units`` and the token picks its experts
+    at random among those of ``reachable`` units (0: all of them), without repeats."""
+    reach = min(reachable or units, units)
+    per_unit = experts // units
+    pool = reach * per_unit
+    if per_unit < 1 or top_k >= pool:
+        return float(min(reach, top_k))
+    missed = math.comb(pool - per_unit, top_k) / math.comb(pool, top_k)
+    return reach * (1.0 - missed)
+
+
+def ep_collectives(layer: Layer, phase: str, n: int, act: int, dedup_units: int = 0
                    ) -> list[tuple[Collective, float]]:
     """All-to-alls over the expert-parallel group for ``n`` samples: (collective, bytes each
     rank sends and receives). Forward dispatches every token's copies to their experts'
-    ranks and combines them back; backward does the same for their gradients."""
+    ranks and combines them back; backward does the same for their gradients.
+
+    ``dedup_units``: a dispatcher that sends a token once per destination unit (DeepEP: once
+    per rank inside a node, once per node across nodes, forwarded over NVLink there) over
+    that many units; the bytes are then the expected distinct destinations, as DeepEP's own
+    tests count them. Group-limited routing bounds the nodes a token reaches: ``groups``
+    groups over the units, ``groups_per_token`` of them per token."""
     if not isinstance(layer, MoE) or layer.ep == 1:
         return []
-    size = float(layer._routed(n) * layer.hidden * act)
+    copies = float(layer.top_k)
+    if dedup_units > 1:
+        reachable = 0
+        if layer.groups and layer.groups_per_token:
+            reachable = layer.groups_per_token * max(1, dedup_units // layer.groups)
+        copies = min(copies, expected_destinations(dedup_units, layer.experts, layer.top_k,
+                                                   reachable))
+    size = float(layer._routed(n) / layer.top_k * copies * layer.hidden * act)
     return [("all_to_all", size), ("all_to_all", size)]

@@ -83,6 +83,10 @@ class TransformerConfig(BaseModel):
     shared_ffn: int = Field(0, ge=0)
     dense_layers: int = Field(0, ge=0, description="with experts: the first blocks keep a "
                                                    "dense MLP of ffn_hidden (DeepSeek)")
+    # Group-limited routing (DeepSeek-V3's n_group, topk_group): the experts in
+    # ``expert_groups`` groups, each token's experts among ``groups_per_token`` of them
+    expert_groups: int = Field(0, ge=0)
+    groups_per_token: int = Field(0, ge=0)
     # Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank projection of
     # q_lora_rank (0: a plain projection), keys and values from one compressed latent of
     # kv_lora_rank plus a shared rotary key; per head qk_nope + qk_rope dimensions for query
@@ -221,7 +225,8 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
         ]
         if cfg.experts and i >= cfg.dense_layers:
             mlp = [MoE(f"{b}.moe", h, cfg.moe_ffn or cfg.ffn, cfg.experts, cfg.top_k, s,
-                       gated=gated, shared_ffn=cfg.shared_ffn, block=b, tp="sharded")]
+                       gated=gated, shared_ffn=cfg.shared_ffn, block=b, tp="sharded",
+                       groups=cfg.expert_groups, groups_per_token=cfg.groups_per_token)]
         if cfg.dropout:
             mlp.append(_split(dropout(f"{b}.mlp.dropout", s * h, block=b), "sequence"))
         norm1 = _split(norm(f"{b}.norm1", h, s, block=b), "sequence")
