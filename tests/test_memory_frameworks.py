@@ -467,3 +467,32 @@ def test_bf16_gradient_reduction_on_the_command_line(capsys: pytest.CaptureFixtu
                  "--stack", "megatron", "--recompute", "full", "--zero", "1",
                  "--microbatch-size", "1", "--grad-reduce-in-bf16"]) == 0
     assert "gradients reduced in bf16" in capsys.readouterr().out
+
+
+def test_megatron_mla_up_proj_and_mlp_recompute_modules(h100: GPUProfile) -> None:
+    """Megatron-LM's mla_up_proj drops multi-head latent attention's up-projected q, k and v
+    and re-runs the up-projections before the core's backward; mlp checkpoints a dense MLP
+    whole, keeping its input. DeepSeek-V3's first three blocks are dense."""
+    assert parse_recompute("selective:mlp+mla_up_proj") == "selective:mla_up_proj+mlp"
+    model = zoo.get("deepseek-v3", seq_len=512)
+
+    def job(mode: str) -> TrainingJob:
+        return TrainingJob(model, h100, 1, "bf16", checkpointing=mode, loader_workers=0)
+
+    def kept(mode: str) -> dict[str, float]:
+        j = job(mode)
+        from gpusim.plan.autocast import layer_precisions
+        return activations_by_layer(j, layer_precisions(j))[0]
+
+    none, up, mlp = kept("none"), kept("selective:mla_up_proj"), kept("selective:mlp")
+    core = next(la for la in model.layers if la.name == "h.0.attn.core")
+    num = job("none").numerics()
+    assert none["h.0.attn.core"] - up["h.0.attn.core"] == pytest.approx(core.io_bytes(1, num))
+    assert mlp["h.0.mlp.up"] == mlp["h.0.mlp.act"] == mlp["h.0.mlp.down"] == 0.0
+    assert none["h.0.mlp.act"] > 0
+    assert mlp["h.5.moe"] == none["h.5.moe"]  # mixtures of experts are not "mlp"
+    reruns = {mode: [op.name for op in microbatch_ops(job(mode)) if op.phase == "recompute"]
+              for mode in ("selective:mla_up_proj", "selective:mlp")}
+    assert any(name.startswith("h.4.attn.q_up") for name in reruns["selective:mla_up_proj"])
+    assert any(name.startswith("h.1.mlp.down") for name in reruns["selective:mlp"])
+    assert not any(name.startswith("h.5.") for name in reruns["selective:mlp"])

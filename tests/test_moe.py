@@ -266,7 +266,7 @@ def test_megatron_recompute_modules_rerun_the_norm_and_activation_they_discard(
     assert parse_recompute("Selective:moe_act+layernorm") == "selective:layernorm+moe_act"
     assert parse_recompute("selective:core_attn") == "selective"
     with pytest.raises(InvalidConfig, match="moe_act"):
-        parse_recompute("selective:mlp")
+        parse_recompute("selective:shared_experts")  # a Megatron-LM module not modelled
     model = _small_moe()
     base = TrainingJob(model, h100, 4, "bf16")
     job = TrainingJob(model, h100, 4, "bf16", checkpointing="selective:layernorm+moe_act")

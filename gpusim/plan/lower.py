@@ -46,6 +46,7 @@ from gpusim.plan.recompute import (
     policy_saved,
     recomputed_moe,
     recomputed_norm,
+    rerun_with,
     selective_modules,
 )
 from gpusim.stack import runs_compiled
@@ -192,6 +193,11 @@ def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
             steps.append((i - 1, "recompute"))
         if recomputed_moe(layer, modules):
             steps.append((i, "recompute"))
+        if modules and block:
+            members = [j for j in range(len(layers)) if layers[j].block == block]
+            again = {la.name for la in rerun_with(layer, [layers[j] for j in members],
+                                                  modules)}
+            steps += [(j, "recompute") for j in members if layers[j].name in again]
         if i > first:
             steps.append((i, "input_grad"))
         if job.trains_weights(layer):

@@ -12,6 +12,7 @@ less than its datasheet's capacity.
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 from dataclasses import dataclass
 
 from gpusim import units
@@ -19,9 +20,12 @@ from gpusim.plan.activation_offload import offload_split
 from gpusim.plan.autocast import LayerPrecision, casts_weight, layer_precisions
 from gpusim.plan.job import TrainingJob
 from gpusim.plan.recompute import (
+    DENSE_MLP,
+    MLA_UP_PROJ,
     checkpointed_blocks,
     policy_kept_bytes,
     recomputed_norm,
+    rerun_with,
     selective_modules,
 )
 from gpusim.workload.attention import Attention, CrossEntropy
@@ -292,6 +296,10 @@ def activations_by_layer(job: TrainingJob,
         # as the experts' backward starts.
         kept_by = dict(own)
         rerun = 0.0
+        blocks: dict[str, list[Layer]] = defaultdict(list)
+        for lay in kept:
+            if lay.block:
+                blocks[lay.block].append(lay)
         previous: Layer | None = None
         readers: list[Layer | None] = [*kept[1:], None]
         for lay, after in zip(kept, readers, strict=True):
@@ -312,7 +320,28 @@ def activations_by_layer(job: TrainingJob,
                 dropped = lay.activation_bytes(n, num)
                 kept_by[lay.name] -= dropped
                 rerun = max(rerun, dropped)
+            if "mla_up_proj" in modules and isinstance(lay, Attention) and any(
+                    la.name.endswith(MLA_UP_PROJ) for la in blocks.get(lay.block, [])):
+                # the up-projected queries, keys and values the core keeps
+                dropped = lay.io_bytes(n, num)
+                kept_by[lay.name] -= dropped
+                rerun = max(rerun, dropped)
             previous = lay
+        if "mlp" in modules:
+            # a checkpointed dense MLP keeps its input, one hidden-sized tensor, and re-runs
+            for members in blocks.values():
+                down = next((la for la in members if la.name.endswith(DENSE_MLP[-1])), None)
+                mlp = rerun_with(down, members, modules) if down is not None else []
+                if not mlp:
+                    continue
+                opener = mlp[0]
+                num = precision[opener.name].numerics
+                rerun = max(rerun, sum(kept_by[la.name] for la in mlp if la.name in kept_by))
+                for la in mlp:
+                    if la.name in kept_by:
+                        kept_by[la.name] = 0.0
+                if opener.name in kept_by:
+                    kept_by[opener.name] = float(n * _input_elements(opener) * num.act_bytes)
         return kept_by, rerun
     # A checkpointed block keeps its input (and what a per-op policy saves) and re-creates
     # the rest one block at a time; other layers keep what they save.

@@ -23,8 +23,12 @@ what it runs again before a block's backward.
   run again at the start of their consumer's backward; ``moe`` checkpoints each mixture of
   experts whole (transformer_layer.py: the MLP under tensor_parallel.checkpoint): it keeps
   the layer's input and runs its router, dispatch, experts and combine again, all-to-alls
-  included, before its backward. ``selective`` is ``selective:core_attn``, Megatron's
-  default list.
+  included, before its backward. ``mla_up_proj`` (output-discarding) drops multi-head latent
+  attention's up-projected queries, keys and values after the core has read them and runs
+  the up-projections again before the core's backward (multi_latent_attention.py,
+  recompute_up_proj); ``mlp`` checkpoints a dense MLP whole, its norm included, keeping its
+  input (transformer_layer.py: recompute_mlp, only where the layer is not a mixture of
+  experts). ``selective`` is ``selective:core_attn``, Megatron's default list.
 - ``full`` checkpoints every body block: it keeps the block's input and re-runs its whole
   forward (Megatron-LM's ``--recompute-granularity full``, torch.utils.checkpoint per block).
 - ``every-k:N`` checkpoints every N-th body block (the N-th, 2N-th, ...) fully and keeps
@@ -48,10 +52,17 @@ from gpusim.workload.numerics import Numerics
 MODES: tuple[str, ...] = ("none", "selective", "selective:M+M", "per-op", "full",
                           "every-k:N", "block:N")
 # Megatron-LM's --recompute-modules that gpusim models, in the order it writes them.
-SELECTIVE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act", "moe")
+SELECTIVE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act", "moe",
+                                      "mla_up_proj", "mlp")
+# The layers of a block that Megatron-LM's "mla_up_proj" and "mlp" modules re-run, by the
+# zoo's names: multi-head latent attention's up-projections, and a dense MLP with the norm
+# Transformer Engine fuses into its first product.
+MLA_UP_PROJ = (".attn.q_up", ".attn.kv_up")
+DENSE_MLP = (".norm2", ".mlp.up", ".mlp.act", ".mlp.down")
 HELP = ("activation recompute: none; selective (Megatron-LM: attention cores re-run); "
         "selective:M+M (Megatron-LM's --recompute-modules, of core_attn, layernorm, moe_act, "
-        "moe: e.g. selective:layernorm+moe_act); per-op (PyTorch's op-policy checkpointing: "
+        "moe, mla_up_proj, mlp: e.g. selective:layernorm+moe_act); per-op (PyTorch's "
+        "op-policy checkpointing: "
         "matrix-product and attention outputs saved, the rest re-run); full (each block "
         "re-runs); every-k:N (every N-th block re-runs); block:N (the first N blocks of each "
         "pipeline chunk re-run, Megatron-LM's --recompute-method block)")
@@ -109,6 +120,19 @@ def activation_only(layer: Layer, mode: str) -> bool:
     nothing."""
     modules = selective_modules(mode)
     return isinstance(layer, MoE) and bool(modules) and "moe" not in modules
+
+
+def rerun_with(layer: Layer, block_layers: list[Layer], modules: frozenset[str]
+               ) -> list[Layer]:
+    """The layers of ``layer``'s block that re-run just before ``layer``'s backward under
+    the ``mla_up_proj`` and ``mlp`` modules: the up-projections before the attention core's,
+    the dense MLP (a block without a mixture of experts) before its last product's."""
+    if "mla_up_proj" in modules and isinstance(layer, Attention):
+        return [la for la in block_layers if la.name.endswith(MLA_UP_PROJ)]
+    if ("mlp" in modules and layer.name.endswith(DENSE_MLP[-1])
+            and not any(isinstance(la, MoE) for la in block_layers)):
+        return [la for la in block_layers if la.name.endswith(DENSE_MLP)]
+    return []
 
 
 def recomputed_moe(layer: Layer, modules: frozenset[str]) -> bool:

@@ -249,12 +249,16 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         if vp > 1:
             kwargs.update(schedule="interleaved", virtual_stages=vp)
         blocks, chunks = int(case["model"]["layers"]), pp * vp
-        if pp > 1 and blocks % chunks and (blocks + 2) % chunks == 0:
+        if p.get("pp_layers"):  # the case's own split (its framework's pipeline layout)
+            kwargs["pp_layers"] = tuple(int(b) for b in p["pp_layers"])
+        elif pp > 1 and blocks % chunks and (blocks + 2) % chunks == 0:
             # Megatron-LM's account_for_embedding/loss_in_pipeline_split: the embedding and
             # the loss count as a layer each when layers are dealt to the model chunks
             per = (blocks + 2) // chunks
             kwargs["pp_layers"] = (per - 1, *[per] * (chunks - 2), per - 1)
             flags.append("embedding and loss counted as a layer each in the pipeline split")
+    if "overlap_grad_reduce false" in other:
+        kwargs["overlap_grad_reduce"] = False
     if pp > 1 and name not in ("megatron", "torchtitan-2024"):
         if vp > 1:
             kwargs.update(schedule="interleaved", virtual_stages=vp)
@@ -288,7 +292,8 @@ def _recompute(t: dict[str, Any], flags: list[str], framework: str = "", model: 
         # or command lists them, or the ModelZoo tables' 'norm, act'
         named = set(re.findall(r"[a-z_]+", low.split("selective recompute of", 1)[1]))
         modules = [m for m, said in (("layernorm", {"layernorm", "norm"}),
-                                     ("moe_act", {"moe_act", "act"}), ("moe", {"moe"}))
+                                     ("moe_act", {"moe_act", "act"}), ("moe", {"moe"}),
+                                     ("mla_up_proj", {"mla_up_proj"}), ("mlp", {"mlp"}))
                    if said & named]
         if low.startswith("not stated"):
             flags.append("recompute not stated: the recipe's")
