@@ -421,3 +421,31 @@ def test_deepep_sends_a_token_once_per_destination() -> None:
     assert comm["deepep"] < 0.7 * comm["alltoall"]
     with pytest.raises(InvalidConfig, match="dispatcher"):
         estimate(**base, ep_dispatcher="nccl")
+
+
+def test_multi_token_prediction_adds_a_block_that_shares_the_output_head() -> None:
+    """DeepSeek-V3's multi-token prediction (its config's num_nextn_predict_layers 1): one
+    more mixture-of-experts block with the projection before it, on the last pipeline
+    stage, predicting through the output head it shares. The technical report's 14B counts
+    the module's own embedding and head copies (2 x 129,280 x 7,168) besides these."""
+    import yaml
+
+    from gpusim.data import data_dir
+    from gpusim.plan.parallel import tied_embedding_params
+    from gpusim.workload.hf_config import transformer_from_hf
+
+    data = yaml.safe_load((data_dir("models") / "deepseek-v3.yaml").read_text())
+    cfg = transformer_from_hf(data["hf_config"], "deepseek-v3", "deepseek-v3", 512)
+    plain = build_transformer(cfg)
+    mtp = build_transformer(cfg.model_copy(update={"mtp_layers": 1}))
+    extra = mtp.parameters - plain.parameters
+    assert extra == pytest.approx(11.61e9, rel=1e-3)
+    assert extra + 2 * 129280 * 7168 == pytest.approx(14e9, rel=0.05)
+    head = next(la for la in mtp.layers if la.name == "mtp.0.head")
+    assert head.shared and head.tied_to == "head.vocab" and head.params == 0
+    assert len(mtp.partition()[1]) == 61  # the body keeps its 61 blocks; MTP is the tail's
+    job = build_job(mtp, "h100-sxm", 64, precision="bf16", system="dgx-h100", num_gpus=64,
+                    pp=8, ep=8, microbatch_size=1, pp_layers=(7, 7, 8, 8, 8, 8, 8, 7),
+                    stack="megatron")[0]
+    assert isinstance(job, ParallelJob)
+    assert tied_embedding_params(job) == 0  # untied: nothing to all-reduce across stages

@@ -105,7 +105,12 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
         lead, body, tail = job.model.partition()
         if p.pipeline > 1:
             # Megatron-LM keeps a copy of tied word embeddings on the last stage for the head.
-            tail = [replace(la, shared=False) if isinstance(la, Linear) else la for la in tail]
+            # (a layer tied to another of the tail, as multi-token prediction's head to the
+            # output head, shares that one's weights on the same stage)
+            inside = {la.name for la in tail}
+            tail = [replace(la, shared=False)
+                    if isinstance(la, Linear) and la.tied_to not in inside else la
+                    for la in tail]
 
         multiple = job.whole.framework.vocab_multiple * p.tensor
 
@@ -340,8 +345,9 @@ def tied_embedding_params(job: ParallelJob, cache: dict[Any, Any] | None = None)
         found: int = cache[key]
         return found
     _, _, tail = job.model.partition()
+    inside = {la.name for la in tail}  # a head tied to another of the tail is not the embedding's
     tied = [la for la in tail if isinstance(la, Linear) and la.shared
-            and job.whole.trains_weights(la)]
+            and la.tied_to not in inside and job.whole.trains_weights(la)]
     t = job.parallel.tensor  # the weight copy only (a tied head's bias is its own)
     params = sum(shard_layer(replace(la, shared=False), t, False).params
                  - shard_layer(la, t, False).params for la in tied)

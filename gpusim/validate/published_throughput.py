@@ -26,6 +26,7 @@ from gpusim.plan.parallel_job import uneven_split
 from gpusim.stack import Stack, load_stack
 from gpusim.validate.torchtitan import MID_2025_COMMITS, torchtitan_pipeline
 from gpusim.workload import zoo
+from gpusim.workload.hf_config import transformer_from_hf
 from gpusim.workload.model import Model
 from gpusim.workload.moe import MoE
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
@@ -104,7 +105,14 @@ def model_of(m: dict[str, Any], seq: int) -> Model:
     squared ReLU, is costed as GELU's one elementwise pass; ``dropout`` where it trains with
     some)."""
     if _shipped(m):
-        return zoo.get(_shipped(m), seq_len=seq)
+        mtp = int(m.get("mtp_layers") or 0)
+        if not mtp:
+            return zoo.get(_shipped(m), seq_len=seq)
+        # the shipped config with its multi-token prediction, as the run trained it
+        path = zoo.shipped_configs()[_shipped(m)]
+        data = yaml.safe_load(path.read_text())
+        cfg = transformer_from_hf(data["hf_config"], str(path), _shipped(m), seq)
+        return build_transformer(cfg.model_copy(update={"mtp_layers": mtp}))
     gated = bool(m.get("gated_mlp"))
     norm = "rmsnorm" if "rms" in str(m.get("norm", "")) else "layernorm"
     experts = int(m.get("experts") or 0)
@@ -204,7 +212,9 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         if "mistral" in str(case["model"]["name"]).lower():
             stack = load_stack(name).model_copy(update={"kv_heads": "expanded"})
     kwargs: dict[str, Any] = {
-        "model": model_of(case["model"], seq), "gpu": _gpu(case["hardware"]["gpu"]),
+        # a run that trains multi-token prediction says so beside the model it trains
+        "model": model_of({**case["model"], "mtp_layers": t.get("mtp_layers", 0)}, seq),
+        "gpu": _gpu(case["hardware"]["gpu"]),
         "batch_size": batch, "precision": precision, "seq_len": seq, "num_gpus": gpus,
         "tp": tp, "pp": pp, "cp": cp, "ep": ep, "microbatch_size": micro,
         "optimizer": "adamw", "checkpointing": _recompute(t, flags, str(case.get("framework", "")),

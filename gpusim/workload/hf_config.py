@@ -318,7 +318,8 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
         fields.update(_window(f, family))
     elif kind in _DEEPSEEK:
         fields.update(_deepseek(f, source))
-        note = ("multi-token prediction layers not modelled"
+        note = ("multi-token prediction layers left out (a run that trains them: "
+                "TransformerConfig.mtp_layers)"
                 if f.count("num_nextn_predict_layers", default=0) else "")
     elif kind == "gpt2":
         hidden = f.need("n_embd")

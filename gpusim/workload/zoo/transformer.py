@@ -87,6 +87,10 @@ class TransformerConfig(BaseModel):
     # ``expert_groups`` groups, each token's experts among ``groups_per_token`` of them
     expert_groups: int = Field(0, ge=0)
     groups_per_token: int = Field(0, ge=0)
+    # Multi-token prediction (DeepSeek-V3's num_nextn_predict_layers; Megatron-LM's
+    # --mtp-num-layers): each depth projects the normalized hidden state and the next
+    # token's embedding to one block, runs the block, and predicts through the shared head
+    mtp_layers: int = Field(0, ge=0)
     # Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank projection of
     # q_lora_rank (0: a plain projection), keys and values from one compressed latent of
     # kv_lora_rank plus a shared rotary key; per head qk_nope + qk_rope dimensions for query
@@ -263,7 +267,36 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
                          shared=cfg.tied_embeddings, block="head", tp="vocab",
                          tied_to="embed.tokens" if cfg.tied_embeddings else ""))
     layers.append(CrossEntropy("loss", cfg.vocab, rows, block="head", tp="vocab"))
+    if cfg.mtp_layers and cfg.kind == "decoder":
+        layers += _mtp_layers(cfg, s, rows, norm)
     return _language_model(cfg, layers, s)
+
+
+def _mtp_layers(cfg: TransformerConfig, s: int, rows: int,
+                norm: Callable[..., Layer]) -> list[Layer]:
+    """Multi-token prediction's layers, after the loss, in the head's part of the model
+    (the last pipeline stage; DeepSeek-V3 Technical Report section 2.2, Megatron-LM's
+    multi_token_prediction.py): per depth, the hidden state and the embedding of the tokens
+    one further on each normalized, concatenated and projected back to the hidden size
+    (eh_proj), one more block as the body's next one would be, a norm, the shared output
+    head and a loss. The embedding lookup, a gather of the shared table, is left out."""
+    h = cfg.hidden
+    longer = build_transformer(cfg.model_copy(update={"layers": cfg.layers + cfg.mtp_layers,
+                                                      "mtp_layers": 0}), s)
+    out: list[Layer] = []
+    for k in range(cfg.mtp_layers):
+        b, m = f"h.{cfg.layers + k}", f"mtp.{k}"
+        block = [replace(la, name=m + la.name[len(b):], block="head")
+                 for la in longer.layers if la.block == b]
+        out += [_split(norm(f"{m}.enorm", h, s, block="head"), "sequence"),
+                _split(norm(f"{m}.hnorm", h, s, block="head"), "sequence"),
+                Linear(f"{m}.proj", 2 * h, h, s, False, block="head", tp="column"),
+                *block,
+                _split(norm(f"{m}.final_norm", h, s, block="head"), "sequence"),
+                Linear(f"{m}.head", h, cfg.vocab, rows, bias=False, shared=True, block="head",
+                       tp="vocab", tied_to="head.vocab"),
+                CrossEntropy(f"{m}.loss", cfg.vocab, rows, block="head", tp="vocab")]
+    return out
 
 
 def _predicted_rows(cfg: TransformerConfig, s: int) -> int:
