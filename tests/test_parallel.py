@@ -590,3 +590,26 @@ def test_pytorch_async_tp_runs_its_products_shard_by_shard() -> None:
     extra = shard_products_s(qkv, "fwd", 12, 8, num, gpu, cal)
     assert 0.0 < extra < whole
     assert shard_products_s(qkv, "fwd", 12, 1, num, gpu, cal) == 0.0
+
+
+def test_megatron_pipeline_layout_strings_give_each_chunk_its_blocks() -> None:
+    """--pp-layout reads Megatron-LM's --pipeline-model-parallel-layout: '|' between model
+    chunks, E, t, m and L for the embedding, a block, multi-token prediction and the loss,
+    groups '(...)*n' unrolled before letters 'x*n', commas ignored."""
+    from gpusim.plan.pipeline_layout import layout_blocks
+
+    # Megatron-Bridge's DeepSeek-V3 on 8 x 4 chunks, and its Llama 3 70B on 8 x 5
+    assert layout_blocks("Et|(tt|)*30mL") == (1, *[2] * 30, 0)
+    llama = layout_blocks("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL")
+    assert len(llama) == 40 and sum(llama) == 80 and llama[35] == 3 and llama[-1] == 1
+    for bad, why in (("Et|tx|L", "letters"), ("t|E|L", "embedding"), ("Et|t", "loss"),
+                     ("Et|m|tL", "multi-token")):
+        with pytest.raises(InvalidConfig, match=why):
+            layout_blocks(bad)
+    base = {"model": "llama3-8b", "gpu": "h100-sxm", "batch_size": 16, "precision": "bf16",
+            "num_gpus": 8, "pp": 4, "microbatch_size": 1, "seq_len": 1024}
+    from_layout = estimate(**base, pp_layout="Et*7|t*8|t*9|t*8L").step
+    from_counts = estimate(**base, pp_layers=(7, 8, 9, 8)).step
+    assert from_layout.step_time_s == from_counts.step_time_s
+    with pytest.raises(InvalidConfig, match="once"):
+        estimate(**base, pp_layers=(7, 8, 9, 8), pp_layout="Et*7|t*8|t*9|t*8L")

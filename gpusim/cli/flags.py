@@ -176,6 +176,10 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     many.add_argument("--pp-layers", type=numbers.count_list, metavar="N,N,...",
                       help="blocks on each pipeline stage, first to last (default: the same on "
                            "every stage), e.g. 7,8,8,7 for 30 blocks over --pp 4")
+    many.add_argument("--pp-layout", metavar="LAYOUT", default="",
+                      help="Megatron-LM's pipeline layout string (--pipeline-model-parallel-"
+                           "layout), e.g. 'Et|(tt|)*30mL': chunks split by '|', E the "
+                           "embedding, t a block, m multi-token prediction, L the loss")
     many.add_argument("--shard-group", type=numbers.count, metavar="N",
                       help="with --zero 3: hybrid sharding (HSDP), FSDP inside groups of N "
                            "data-parallel ranks (a node, say) and replicas across the groups")

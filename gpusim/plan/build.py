@@ -27,6 +27,7 @@ from gpusim.plan.job import (
     auto_precision,
 )
 from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.plan.pipeline_layout import layout_blocks
 from gpusim.plan.remedies import required_bytes
 from gpusim.plan.tensor_parallel import pad_vocab
 from gpusim.stack import Stack, apply_stack, load_stack
@@ -134,6 +135,7 @@ def build_job(
     schedule: str = "1f1b",
     virtual_stages: int = 1,
     pp_layers: tuple[int, ...] = (),
+    pp_layout: str = "",
     shard_group: int = 0,
     zero: int = 0,
     sequence_parallel: bool = False,
@@ -218,6 +220,10 @@ def build_job(
         named = "--optimizer-in-backward" if optimizer_in_backward else "--offload-activations"
         raise InvalidConfig(f"{named} is modelled on one GPU only; leave out --num-gpus, "
                             f"--system and the parallel flags")
+    if pp_layout:  # Megatron-LM's layout string, read into blocks per chunk
+        if pp_layers:
+            raise InvalidConfig("give the pipeline split once: --pp-layers or --pp-layout")
+        pp_layers = layout_blocks(pp_layout)
     topo, assumed = resolve_topology(gpu, system, num_gpus)
     config = parallel_config(batch_size, num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                              microbatch_size=1 if max_batch else microbatch_size,

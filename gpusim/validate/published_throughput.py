@@ -259,8 +259,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         if vp > 1:
             kwargs.update(schedule="interleaved", virtual_stages=vp)
         blocks, chunks = int(case["model"]["layers"]), pp * vp
-        if p.get("pp_layers"):  # the case's own split (its framework's pipeline layout)
-            kwargs["pp_layers"] = tuple(int(b) for b in p["pp_layers"])
+        if p.get("pp_layout"):  # the run's own split: Megatron's pipeline layout string
+            kwargs["pp_layout"] = str(p["pp_layout"])
         elif pp > 1 and blocks % chunks and (blocks + 2) % chunks == 0:
             # Megatron-LM's account_for_embedding/loss_in_pipeline_split: the embedding and
             # the loss count as a layer each when layers are dealt to the model chunks
