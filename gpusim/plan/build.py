@@ -198,8 +198,8 @@ def build_job(
         if gpu is None:
             raise InvalidConfig("give --gpu (or --system with --num-gpus)")
         device = gpu if isinstance(gpu, DeviceProfile) else load_device(gpu)
-        # the stack's vocabulary padding (parallel jobs pad per TP rank as they shard)
-        net = replace_layers(net, lambda la: pad_vocab(la, framework.vocab_multiple))
+        if framework.vocab_multiple > 1:  # parallel jobs pad per TP rank as they shard
+            net = replace_layers(net, lambda la: pad_vocab(la, framework.vocab_multiple))
         job = TrainingJob(net, device, batch_size, _precision(precision, device), grad_accum,
                           optimizer,
                           checkpointing, frozen, loader_workers, pure_bf16=pure_bf16,

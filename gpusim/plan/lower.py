@@ -9,6 +9,7 @@ once per forward (unless the model keeps its weights in that type, with fp32 mas
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -177,6 +178,12 @@ def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
     recomputed: set[str] = set()
     checkpointed = checkpointed_blocks(job.checkpointing, job.model)
     modules = selective_modules(job.checkpointing)
+    # each block's layer indices, where a module re-runs part of a block (mla_up_proj, mlp)
+    block_members: dict[str, list[int]] = defaultdict(list)
+    if modules & {"mla_up_proj", "mlp"}:
+        for j, la in enumerate(layers):
+            if la.block:
+                block_members[la.block].append(j)
     for i in range(len(layers) - 1, max(first, 0) - 1, -1):
         layer = layers[i]
         block = layer.block
@@ -193,8 +200,8 @@ def microbatch_steps(job: TrainingJob) -> list[tuple[int, StepKind]]:
             steps.append((i - 1, "recompute"))
         if recomputed_moe(layer, modules):
             steps.append((i, "recompute"))
-        if modules and block:
-            members = [j for j in range(len(layers)) if layers[j].block == block]
+        if block in block_members:
+            members = block_members[block]
             again = {la.name for la in rerun_with(layer, [layers[j] for j in members],
                                                   modules)}
             steps += [(j, "recompute") for j in members if layers[j].name in again]
