@@ -155,7 +155,8 @@ def _stack(case: dict[str, Any]) -> str:
         # tables) or December 2024's
         return "torchtitan-2025" if any(c in framework for c in MID_2025_COMMITS) \
             else "torchtitan-2024"
-    if "Megatron" in source or source.startswith("NVIDIA/NeMo "):
+    if ("Megatron" in source or source.startswith("NVIDIA/NeMo ")
+            or framework.startswith("Megatron")):
         return "megatron"  # NeMo's LLM training runs Megatron-Core with Transformer Engine
     if "llm-foundry" in source:
         return "llm-foundry-2023"
@@ -230,8 +231,12 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs["etp"] = int(p["etp"])
     if ep > 1 and ("a2a_overlap true" in other or "a2a_overlap" in case["id"]):
         kwargs["ep_overlap"] = True  # Megatron's --overlap-moe-expert-parallel-comm
-    if ep > 1 and "deepep" in " ".join((case["id"], other, str(case.get("framework")))).lower():
-        kwargs["ep_dispatcher"] = "deepep"  # the run names DeepEP as its dispatcher
+    named = " ".join((case["id"], other, str(case.get("framework")))).lower()
+    if ep > 1 and ("deepep" in named or "hybridep" in named):
+        # The run names DeepEP, or NVIDIA's HybridEP (DeepEP's hybrid-ep branch, Megatron's
+        # flex dispatcher backend 'hybridep'): both send a token once per destination node
+        # over RDMA and fan it out over NVLink there (DeepEP docs/README_Hybrid-EP.md)
+        kwargs["ep_dispatcher"] = "deepep"
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
         kwargs["tp_overlap"] = async_tp
