@@ -24,6 +24,7 @@ from gpusim.hardware.catalog import format_validation_error, read_yaml
 from gpusim.workload.attention import Attention, CrossEntropy
 from gpusim.workload.layers import Elementwise, Layer
 from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE
 
 DEFAULT_STACK = "pytorch"
 # Fused kernels that write their output as (batch, seq, heads, dim), so the output
@@ -118,6 +119,15 @@ class Stack(BaseModel):
     # pads it to make_vocab_size_divisible_by (128) x TP with dummy tokens, so that the
     # embedding and the logits' product have aligned shards; 1: as the tokenizer has it
     vocab_multiple: int = Field(1, ge=1)
+    # how a mixture of experts' products run: 0, one grouped kernel per product over all
+    # local experts (torch._grouped_mm); N, one cuBLAS GEMM per expert, round-robin on N
+    # streams, with each operand cast expert by expert likewise (Transformer Engine's
+    # GroupedLinear). Cited in ``sources`` where set.
+    expert_streams: int = Field(0, ge=0)
+    # when the host reads an MoE layer's tokens per expert back before dispatching them
+    # (split sizes it needs as numbers), waiting for the device: never, with_ep (for the
+    # all-to-all's splits), always. Cited in ``sources`` where set.
+    moe_host_sync: Literal["never", "with_ep", "always"] = "never"
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -133,6 +143,9 @@ class Stack(BaseModel):
             missing.append("sync_before_step")
         if self.fp8_experts and "fp8_experts" not in self.sources:
             missing.append("fp8_experts")
+        for field, default in (("expert_streams", 0), ("moe_host_sync", "never")):
+            if getattr(self, field) != default and field not in self.sources:
+                missing.append(field)
         if missing:
             raise ValueError(f"sources must cite where each choice comes from; missing "
                              f"{', '.join(missing)}")
@@ -263,6 +276,9 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
         # kernel taken alike)
         fused = stack.swiglu == "fused"
         return replace(layer, saves=2 if fused or compiled else 3, generated=fused)
+    if isinstance(layer, MoE):
+        return replace(layer, expert_streams=stack.expert_streams,
+                       host_sync=stack.moe_host_sync)
     if isinstance(layer, Attention):
         layer = replace(layer, expand_kv=stack.kv_heads == "expanded")
         if stack.attention == "math":

@@ -78,7 +78,8 @@ def test_op_copies_keep_every_field() -> None:
     values = {"name": "n", "kind": "gemm", "flops": 1.0, "bytes": 2.0, "math": "bf16",
               "layer": "l", "phase": "recompute", "gemm": GemmShape(1, 2, 3),
               "alloc_bytes": 4.0, "family": "f", "parallel_units": 5, "kernel": "k",
-              "attention": AttentionShape(1, 2, 3, True), "written": 6.0}
+              "attention": AttentionShape(1, 2, 3, True), "written": 6.0, "launches": 7,
+              "streams": 8, "syncs": True}
     assert set(values) == {f.name for f in dataclasses.fields(Op)}
     op = Op(**values)  # type: ignore[arg-type]
     assert op.with_phase("backward") == dataclasses.replace(op, phase="backward")

@@ -16,6 +16,7 @@ from gpusim.plan.parallel import plan_parallel
 from gpusim.plan.parallel_job import ParallelJob
 from gpusim.plan.stage_memory import stage_memory
 from gpusim.plan.tensor_parallel import shard_layer
+from gpusim.stack import load_stack
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
 from gpusim.workload.moe import MoE, ep_collectives
@@ -449,3 +450,71 @@ def test_multi_token_prediction_adds_a_block_that_shares_the_output_head() -> No
                     stack="megatron")[0]
     assert isinstance(job, ParallelJob)
     assert tied_embedding_params(job) == 0  # untied: nothing to all-reduce across stages
+
+
+def test_transformer_engine_runs_each_experts_product_as_its_own_gemm() -> None:
+    """Megatron-LM's experts are Transformer Engine GroupedLinear modules: on Hopper one
+    cuBLAS GEMM per expert, round-robin on 4 streams, and each operand cast expert by
+    expert in fp8; torch._grouped_mm (the default stack) is one kernel per product."""
+    from gpusim.cost.kernels import kernel_cost, op_host_extra
+    from gpusim.hardware.calibration import calibration_for
+    from gpusim.hardware.catalog import load_gpu
+    from gpusim.stack import apply_stack
+
+    model = _small_moe(experts=128, top_k=8)
+
+    def moe_of(stack: str) -> MoE:
+        layer = next(la for la in apply_stack(model, load_stack(stack)).layers
+                     if isinstance(la, MoE))
+        return replace(layer, local_experts=16)
+
+    te, plain = moe_of("megatron"), moe_of("pytorch")
+    fp8 = Numerics("fp8", "bf16", "bf16")
+    ops = {o.name.rsplit(".", 1)[-1]: o for o in te.forward(1, fp8)}
+    up = ops["experts_up"]
+    assert (up.launches, up.streams) == (16, 4)
+    assert all(o.launches == 16 for o in te.forward(1, fp8) if ".experts_" in o.name)
+    assert ops["permute"].syncs  # the token counts read back before the dispatch
+    assert not any(o.launches > 1 or o.syncs for o in plain.forward(1, fp8))
+    gpu = load_gpu("h100-sxm")
+    cal = calibration_for(gpu).sustained()
+    # four rounds of four experts' GEMMs side by side, against one grouped kernel
+    whole = replace(up, launches=1, streams=1)
+    assert up.gemm is not None
+    four = replace(whole, flops=whole.flops / 4, bytes=whole.bytes / 4,
+                   alloc_bytes=whole.alloc_bytes / 4, written=whole.written / 4,
+                   gemm=replace(up.gemm, batch=4))
+    assert kernel_cost(up, gpu, cal).seconds == pytest.approx(
+        4 * kernel_cost(four, gpu, cal).seconds)
+    assert kernel_cost(up, gpu, cal).seconds > kernel_cost(whole, gpu, cal).seconds
+    # the host launches every expert's GEMM through cuBLASLt
+    o = cal.overhead
+    assert op_host_extra(up, cal) == pytest.approx(
+        (16 * (o.cublas_us + o.scaled_mm_us) + 15 * o.launch_us) * 1e-6)
+
+
+def test_a_host_that_waits_for_the_device_loses_its_lead() -> None:
+    """Before a kernel that syncs, the host waits for the device to drain its queue, so the
+    device then idles while the host dispatches what follows."""
+    from gpusim.plan.pass_cost import Queue
+
+    host, device = [1.0, 1.0, 1.0, 1.0], [3.0, 0.5, 0.5, 0.5]
+    assert Queue().run(host, device) == pytest.approx(1.0)  # only the first dispatch
+    # waiting before the third kernel: the device idles for its dispatch too
+    assert Queue().run(host, device, (False, False, True, False)) == pytest.approx(2.5)
+
+
+def test_megatron_moe_steps_pay_their_per_expert_launches_and_syncs() -> None:
+    base: dict[str, Any] = {
+        "model": _small_moe(experts=64, top_k=8), "gpu": "h100-sxm", "batch_size": 64,
+        "num_gpus": 8, "ep": 8, "microbatch_size": 1, "precision": "bf16", "zero": 1}
+    megatron = load_stack("megatron")
+    grouped = megatron.model_copy(update={"expert_streams": 0, "moe_host_sync": "never"})
+    unsynced = megatron.model_copy(update={"moe_host_sync": "never"})
+    times = [estimate(**base, stack=s).step.step_time_s for s in (grouped, unsynced, megatron)]
+    assert times[0] < times[1] < times[2]
+    # on one device the engine's host waits at each sync, as the queue above does
+    one = {s.moe_host_sync: estimate(_small_moe(experts=64, top_k=8), "h100-sxm", 8,
+                                     precision="bf16", stack=s).step
+           for s in (unsynced, megatron)}
+    assert one["always"].step_time_s > one["never"].step_time_s

@@ -11,7 +11,7 @@ and a product's result is written after its main loop, so part of that write add
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpusim import units
@@ -121,6 +121,8 @@ def attention_key(op: Op) -> str:
 
 def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     """Seconds ``op`` occupies the device's compute stream."""
+    if op.launches > 1:
+        return _launched_cost(op, device, cal)
     bandwidth = (device.memory_bandwidth * memory_efficiency(op.bytes, cal)
                  * cal.memory.kernel_factor(op.family))
     if op.parallel_units and isinstance(device, GPUProfile):
@@ -186,6 +188,34 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
     return KernelCost(seconds, compute_s, memory_s, bound, unit, achieved, exposed)
 
 
+def _launched_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
+    """An op launched as ``op.launches`` equal kernels, ``op.streams`` at a time: rounds of
+    kernels that run side by side, each round costed as one kernel of their combined work
+    (its tiles share the waves; its ramp and launch gap paid once), the last round with
+    what is left."""
+    together = max(1, min(op.streams, op.launches))
+    full, rest = divmod(op.launches, together)
+    rounds = [(together, full)] + ([(rest, 1)] if rest else [])
+    seconds = compute = memory = exposed = work = 0.0
+    first: KernelCost | None = None
+    for parts, times in rounds:
+        share = parts / op.launches
+        gemm = op.gemm and replace(op.gemm, batch=max(1, op.gemm.batch * parts // op.launches))
+        part = replace(op, launches=1, streams=1, flops=op.flops * share,
+                       bytes=op.bytes * share, alloc_bytes=op.alloc_bytes * share,
+                       written=op.written * share, gemm=gemm)
+        one = kernel_cost(part, device, cal)
+        first = first or one
+        seconds += one.seconds * times
+        compute += one.compute_s * times
+        memory += one.memory_s * times
+        exposed += one.exposed_write_s * times
+        work += one.efficiency * one.seconds * times  # FLOPs over the peak
+    assert first is not None
+    return KernelCost(seconds, compute, memory, first.bound, first.unit, work / seconds,
+                      exposed)
+
+
 def memory_efficiency(n_bytes: float, cal: Calibration) -> float:
     """Achieved fraction of peak DRAM bandwidth for an op moving ``n_bytes``: on a CPU whose
     calibration found a cache regime, ops small enough to stay in the caches run at its rate
@@ -226,11 +256,14 @@ def op_host_extra(op: Op, cal: Calibration) -> float:
     algorithm through cuBLASLt's heuristics (an fp8 one also sets its scales); a cuDNN
     call (a convolution, or a batch norm on fp32) looks up its execution plan and launches
     through cuDNN."""
+    # an op launched as several kernels from one call: each launch past the first, and
+    # each kernel's own library cost
+    loop = (op.launches - 1) * cal.overhead.launch_us
     if op.kind == "gemm":
         fp8 = cal.overhead.scaled_mm_us if op.math == "fp8" else 0.0
-        return units.us(cal.overhead.cublas_us + fp8)
+        return units.us(op.launches * (cal.overhead.cublas_us + fp8) + loop)
     cudnn = op.kind == "conv" or op.family in CUDNN_FAMILIES
-    return units.us(cal.overhead.cudnn_us) if cudnn else 0.0
+    return units.us((op.launches * cal.overhead.cudnn_us if cudnn else 0.0) + loop)
 
 
 def optimizer_host_s(tensors: int, cal: Calibration) -> float:

@@ -70,6 +70,7 @@ class Kernel:
     bytes: float
     bound: str
     active_s: float  # time at the roofline limit, which draws power (see cost/energy.py)
+    syncs: bool = False  # the host waits for the device before dispatching it (Op.syncs)
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,7 @@ def _kernel(op: Op, cost: Callable[[Op], tuple[float, str, float]], host_s: floa
     """``op`` as a kernel: its device time from ``cost``, dispatched in ``host_s``."""
     seconds, bound, active = cost(op)
     return Kernel(op.name, op.layer, op.phase, seconds, host_s, op.flops, op.bytes, bound,
-                  active)
+                  active, op.syncs)
 
 
 def layer_kind(layer: Layer) -> str:

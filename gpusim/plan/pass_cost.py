@@ -69,8 +69,9 @@ class Work:
 
 
 # An op as a pass's accounting sees it: (layer, name suffix, phase, seconds, active
-# seconds, FLOPs, host seconds beyond the per-op dispatch).
-Costed = tuple[str, str, str, float, float, float, float]
+# seconds, FLOPs, host seconds beyond the per-op dispatch, whether the host waits for the
+# device before dispatching it).
+Costed = tuple[str, str, str, float, float, float, float, bool]
 
 
 def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[Costed]:
@@ -78,7 +79,7 @@ def costed_ops(ops: list[Op], device: DeviceProfile, cal: Calibration) -> list[C
     for op in ops:
         kc = kernel_cost(op, device, cal)
         out.append((op.layer, op.name.rsplit(".", 1)[-1], op.phase, kc.seconds,
-                    active_seconds(kc), op.flops, op_host_extra(op, cal)))
+                    active_seconds(kc), op.flops, op_host_extra(op, cal), op.syncs))
     return out
 
 
@@ -117,6 +118,10 @@ class PassTerms:
     tp: tuple[float, ...]  # exposed seconds of each tensor-parallel collective
     cp: tuple[float, ...]  # seconds of each context-parallel collective
     ep: tuple[float, ...]  # seconds of each expert-parallel all-to-all
+    syncs: tuple[bool, ...] = ()  # per kernel: the host waits for the device first
+    # per kernel: seconds of all-to-alls the device runs from it on (its layer's, where the
+    # host, waiting on the device or behind it, may catch up meanwhile)
+    ep_at: tuple[float, ...] = ()
 
 
 def joined(parts: list[PassTerms]) -> PassTerms:
@@ -132,7 +137,9 @@ def joined(parts: list[PassTerms]) -> PassTerms:
         return tuple(itertools.chain.from_iterable(getattr(t, field) for t in parts))
 
     return PassTerms(chain("device"), chain("active"), chain("recompute"), chain("flops"),
-                     chain("host"), backward_at, chain("tp"), chain("cp"), chain("ep"))
+                     chain("host"), backward_at, chain("tp"), chain("cp"), chain("ep"),
+                     tuple(itertools.chain.from_iterable(t.syncs for t in parts)),
+                     tuple(itertools.chain.from_iterable(t.ep_at for t in parts)))
 
 
 def added(terms: tuple[float, ...]) -> float:
@@ -160,8 +167,11 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
     # Seconds of each layer's GEMMs by kind ("dgrad", "wgrad") that a collective may hide behind.
     gemm_s: dict[tuple[str, str], float] = defaultdict(float)
     passes: dict[tuple[str, str], None] = {}  # (phase, layer) in order of first kernel
+    # where each (phase, layer)'s all-to-alls start in the device's queue: at the kernel the
+    # host waits before (the dispatch follows the token counts), else at its first kernel
+    starts: dict[tuple[str, str], int] = {}
     recompute, flops = [], []
-    for layer, suffix, phase, cost, _, op_flops, _ in ops:
+    for i, (layer, suffix, phase, cost, _, op_flops, _, syncs) in enumerate(ops):
         if phase == "recompute":
             recompute.append(cost)
         else:
@@ -169,9 +179,12 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
         gemm_s[(layer, suffix)] += cost
         if layer in layers:
             passes.setdefault((phase, layer))
+            if syncs or (phase, layer) not in starts:
+                starts[(phase, layer)] = i
     tp: list[float] = []
     cp: list[float] = []
     ep: list[float] = []
+    ep_at = [0.0] * len(ops)
     # PyTorch's DTensor parallelism keeps a column layer's gathered input for backward
     kept = job.whole.framework.tensor_parallel == "dtensor"
     # DeepEP sends a token once per destination node across nodes, once per rank inside one
@@ -202,9 +215,11 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
             cp.append(collective_seconds(collective, cp_group, size))
         for collective, size in ep_collectives(layers[name], phase, n, act, dedup):
             ep.append(collective_seconds(collective, ep_group, size))
+            ep_at[starts[(phase, name)]] += ep[-1]
     host, backward_at = host_seconds(ops, layers, cal, host_per_op, job.whole.framework)
     return PassTerms(tuple(op[3] for op in ops), tuple(op[4] for op in ops), tuple(recompute),
-                     tuple(flops), tuple(host), backward_at, tuple(tp), tuple(cp), tuple(ep))
+                     tuple(flops), tuple(host), backward_at, tuple(tp), tuple(cp), tuple(ep),
+                     tuple(op[7] for op in ops), tuple(ep_at))
 
 
 def async_tp_passes(collective: str, size: float, tensor: int, device: DeviceProfile,
@@ -273,7 +288,16 @@ def pass_work(terms: PassTerms, job: ParallelJob, cal: Calibration,
     lead = queue.lead_s
     return Work(compute, added(terms.recompute), added(terms.tp), sum(host),
                 added(terms.flops), len(terms.device), added(terms.active), added(terms.cp),
-                ep_comm, queue.run(host, list(terms.device)), lead, ep_hidden)
+                ep_comm, queue.run(host, _queued(terms), terms.syncs), lead, ep_hidden)
+
+
+def _queued(terms: PassTerms) -> list[float]:
+    """The device's time from each kernel to the next as the host's queue sees it: its own
+    time, and the all-to-alls that start there (under --ep-overlap the other microbatch's
+    compute runs beside them; the device is as busy)."""
+    if not any(terms.ep_at):
+        return list(terms.device)
+    return [d + e for d, e in zip(terms.device, terms.ep_at, strict=True)]
 
 
 @dataclass
@@ -291,11 +315,16 @@ class Queue:
         """How far the host has run ahead: device work queued that it has not waited for."""
         return max(0.0, self.done - self.dispatched)
 
-    def run(self, host: list[float], device: list[float]) -> float:
-        """Seconds the device idles, waiting for the host, over these kernels."""
+    def run(self, host: list[float], device: list[float],
+            syncs: tuple[bool, ...] = ()) -> float:
+        """Seconds the device idles, waiting for the host, over these kernels; before a
+        kernel that ``syncs``, the host waits for the device to finish what it queued, so
+        it dispatches what follows from no lead."""
         idle = 0.0
         dispatched, done = self.dispatched, self.done
-        for h, d in zip(host, device, strict=True):
+        for i, (h, d) in enumerate(zip(host, device, strict=True)):
+            if syncs and syncs[i]:
+                dispatched = max(dispatched, done)
             dispatched += h
             if dispatched > done:
                 idle += dispatched - done
@@ -319,7 +348,7 @@ def host_seconds(ops: list[Costed], layers: dict[str, Layer], cal: Calibration,
                 if stack is not None and stack.compiled else set())
     launch = units.us(o.launch_us)
     calls: dict[tuple[str, str], float] = {}
-    for i, (layer, _, phase, _, _, _, extra) in enumerate(ops):
+    for i, (layer, _, phase, _, _, _, extra, _) in enumerate(ops):
         if layer in compiled:
             # a compiled block: each kernel launched from its graph, no Python per op
             out.append(launch + extra)

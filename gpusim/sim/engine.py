@@ -189,6 +189,10 @@ def _schedule(plan: StepPlan, on_gpu: bool) -> tuple[_Step, list[TraceEvent]] | 
                     else:
                         t = t + copy_s
                 for i, k in enumerate(plan.microbatch):
+                    if on_gpu and k.syncs:  # the host reads a value back first
+                        items.append((None, None, step, micro, t, window))
+                        t, free = drain(items, t, free)
+                        items = []
                     start = t
                     t = t + k.host_s
                     if on_gpu:
@@ -317,6 +321,13 @@ def _simulate_events(plan: StepPlan, *, on_gpu: bool) -> SimResult:
                     else:
                         yield env.timeout(plan.input_copy_s)
                 for i, k in enumerate(plan.microbatch):
+                    if on_gpu and k.syncs:  # the host reads a value back first
+                        done = env.event()
+                        sync_start = env.now
+                        yield stream.put((None, done, step, micro))
+                        yield done
+                        events.append(TraceEvent("host", "synchronize", sync_start, env.now,
+                                                 "sync"))
                     if on_gpu:
                         start = env.now
                         yield env.timeout(k.host_s)

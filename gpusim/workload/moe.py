@@ -21,7 +21,7 @@ experts over every rank's tokens routed to them, exchanged by all-to-alls before
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusim.comm.collectives import Collective
 from gpusim.workload.fp8 import quantize_ops
@@ -45,6 +45,14 @@ class MoE(Layer):
     # them (0: any expert)
     groups: int = 0
     groups_per_token: int = 0
+    # How the experts' products run: 0, one grouped kernel per product over every expert
+    # (torch._grouped_mm); N, one GEMM per expert issued round-robin on N streams, each
+    # operand cast per expert the same way (Transformer Engine's GroupedLinear on cuBLAS)
+    expert_streams: int = 0
+    # When the host reads the tokens per expert back before the dispatch (split sizes for
+    # the all-to-all, or for per-expert products), waiting for the device: never, with_ep
+    # (only to exchange tokens between ranks), always
+    host_sync: str = "never"
 
     @property
     def held(self) -> int:
@@ -99,6 +107,11 @@ class MoE(Layer):
     def ep(self) -> int:
         return self.experts // self.held
 
+    @property
+    def syncs_host(self) -> bool:
+        """Whether the forward pass waits for the device to read its token counts."""
+        return self.host_sync == "always" or (self.host_sync == "with_ep" and self.ep > 1)
+
     def _routed(self, n: int) -> int:
         """Token copies this rank's experts compute (every rank's, routed to them)."""
         return n * self.rows * self.top_k
@@ -107,7 +120,15 @@ class MoE(Layer):
                 num: Numerics) -> Op:
         per_expert = max(1, self._routed(n) // self.held)
         shape = GemmShape(per_expert, out, inner, batch=self.held, layout=layout)
-        return gemm_op(f"{self.name}.{tag}", shape, num.matmul, num.act_bytes)
+        return self._per_expert(gemm_op(f"{self.name}.{tag}", shape, num.matmul,
+                                        num.act_bytes))
+
+    def _per_expert(self, op: Op) -> Op:
+        """An op over every local expert as the stack launches it: one kernel, or one per
+        expert on ``expert_streams`` streams."""
+        if not self.expert_streams or self.held < 2:
+            return op
+        return replace(op, launches=self.held, streams=self.expert_streams)
 
     def _dense(self, tag: str, m: int, out: int, inner: int, layout: str,
                num: Numerics) -> Op:
@@ -123,8 +144,13 @@ class MoE(Layer):
                        math, num.act_bytes)
 
     def _quantized(self, tag: str, elements: float, num: Numerics) -> list[Op]:
-        """An fp8 product's operand quantized first (nothing outside fp8 training)."""
-        return quantize_ops(f"{self.name}.{tag}", elements, num) if num.matmul == "fp8" else []
+        """An fp8 product's operand quantized first (nothing outside fp8 training), expert
+        by expert where the experts' products run so."""
+        if num.matmul != "fp8":
+            return []
+        ops = quantize_ops(f"{self.name}.{tag}", elements, num)
+        return ([self._per_expert(op) for op in ops] if tag.startswith("experts_")
+                else ops)
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         t, h, e = n * self.rows, self.hidden, self._routed(n)
@@ -136,7 +162,8 @@ class MoE(Layer):
             # softmax over the experts and top-k, in fp32: scores in, weights and indices out
             memory_op(f"{self.name}.topk", t * self.experts, 2 * t * self.top_k,
                       DTYPE_BYTES["fp32"], 5),
-            memory_op(f"{self.name}.permute", e * h, e * h, a, 0),
+            replace(memory_op(f"{self.name}.permute", e * h, e * h, a, 0),
+                    syncs=self.syncs_host),
             *q("experts_up.x", e * h, num), *q("experts_up.w", held * self._up * h, num),
             self._expert("experts_up", n, self._up, h, "nt", num),
             memory_op(f"{self.name}.act", (2 if self.gated else 1) * e * self.ffn,
@@ -188,7 +215,8 @@ class MoE(Layer):
 
         def wgrad(tag: str, out: int, inner: int) -> Op:
             shape = GemmShape(out, inner, per_expert, batch=self.held, layout="tn")
-            return gemm_op(f"{self.name}.{tag}", shape, num.matmul, num.act_bytes)
+            return self._per_expert(gemm_op(f"{self.name}.{tag}", shape, num.matmul,
+                                            num.act_bytes))
 
         ops = [wgrad("experts_up_wgrad", self._up, h), wgrad("experts_down_wgrad", h, self.ffn),
                self._router("router_wgrad", self.experts, h, t, "tn", num)]

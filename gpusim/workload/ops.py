@@ -130,6 +130,15 @@ class Op:
     attention: AttentionShape | None = None
     # Bytes of the result a matrix product writes after its main loop (its epilogue).
     written: float = 0.0
+    # Kernels the op is launched as, equal parts of it, from one framework call (a library's
+    # loop over experts), ``streams`` of them running at once (issued round-robin on that
+    # many streams, Transformer Engine's multi-stream GEMMs and casts). A product's ``gemm``
+    # is then all of them stacked (batch), as they would run as one grouped kernel.
+    launches: int = 1
+    streams: int = 1
+    # The host waits for the device before dispatching the op: it reads back a value the
+    # op needs (an MoE dispatch's tokens per expert, as split sizes on the host).
+    syncs: bool = False
 
     def with_phase(self, phase: Phase) -> Op:
         # An Op is immutable: one already in ``phase`` (or ``layer``, below) is its own copy.
@@ -145,7 +154,8 @@ class Op:
                   math=self.math, layer=layer, phase=phase, gemm=self.gemm,
                   alloc_bytes=self.alloc_bytes, family=self.family,
                   parallel_units=self.parallel_units, kernel=self.kernel,
-                  attention=self.attention, written=self.written)
+                  attention=self.attention, written=self.written, launches=self.launches,
+                  streams=self.streams, syncs=self.syncs)
 
 
 def gemm_op(name: str, shape: GemmShape, math: str, element_bytes: float,
