@@ -83,7 +83,9 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
            f"{p.describe()}; {job.microbatches} microbatches per pipeline per step"]
     if job.master_weights:
         grads = "fp32" if job.whole.reduce_bytes == 4 else job.precision.replace("fp8", "bf16")
-        out.append(f"Megatron-LM style: weights in {num.activation} with fp32 master copies; "
+        masters = ("bf16 master copies and optimizer states" if job.bf16_states
+                   else "fp32 master copies")
+        out.append(f"Megatron-LM style: weights in {num.activation} with {masters}; "
                    f"gradients reduced in {grads}")
     elif job.pure_bf16:
         sharding = {0: "replicated (DDP)", 1: "optimizer states sharded (ZeRO-1)",

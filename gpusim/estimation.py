@@ -242,6 +242,7 @@ def estimate(
     ep_dispatcher: str = "alltoall",
     overlap_grad_reduce: bool = True,
     bf16_grads: bool = False,
+    bf16_states: bool = False,
     per_rank: bool = False,
     straggler: Straggler | None = None,
     usd_per_gpu_hour: float | None = None,
@@ -273,7 +274,8 @@ def estimate(
     the largest microbatch that fits and divides the batch (see ``build_job``).
     ``usd_per_gpu_hour`` prices the run at your rate instead of the profile's cheapest
     listed cloud price. ``optimizer_in_backward`` and ``offload_activations`` are torchtune's
-    memory savers, ``bf16_grads`` Megatron-LM's --grad-reduce-in-bf16 (see ``build_job``).
+    memory savers, ``bf16_grads`` Megatron-LM's --grad-reduce-in-bf16, ``bf16_states`` the
+    optimizer's states in bf16 (see ``build_job``).
     """
     if steps is None and tokens is None and epochs is None:
         steps = 1
@@ -286,7 +288,8 @@ def estimate(
         pp_layers=pp_layers, pp_layout=pp_layout, shard_group=shard_group,
         zero=zero, sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
         ep_overlap=ep_overlap, ep_dispatcher=ep_dispatcher,
-        overlap_grad_reduce=overlap_grad_reduce, bf16_grads=bf16_grads, max_batch=max_batch,
+        overlap_grad_reduce=overlap_grad_reduce, bf16_grads=bf16_grads,
+        bf16_states=bf16_states, max_batch=max_batch,
         pure_bf16=pure_bf16, stack=stack, attention=attention, fp8_recipe=fp8_recipe,
         offload=offload,
         optimizer_in_backward=optimizer_in_backward, offload_activations=offload_activations,

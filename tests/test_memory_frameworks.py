@@ -469,6 +469,30 @@ def test_bf16_gradient_reduction_on_the_command_line(capsys: pytest.CaptureFixtu
     assert "gradients reduced in bf16" in capsys.readouterr().out
 
 
+def test_bf16_optimizer_states_halve_the_states_and_the_master_copy(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # apex DistributedFusedAdam with dtype bf16 (NeMo's Nemotron-4 340B config): its copy of
+    # the parameters and Adam's moments in bf16, 6 bytes a parameter where fp32 takes 12
+    fp32 = _megatron(True)
+    bf16 = replace(fp32, bf16_states=True)
+    plans = [plan_parallel(j) for j in (fp32, bf16)]
+    states = [stage_memory(pl, pl.stages[0]).optimizer_states for pl in plans]
+    assert states[1] == pytest.approx(states[0] / 2)
+    steps = [estimate(model="llama3-8b", gpu="h100-sxm", seq_len=4096, batch_size=64,
+                      num_gpus=16, tp=2, microbatch_size=1, zero=1, precision="bf16",
+                      stack="megatron", checkpointing="full", bf16_grads=True,
+                      bf16_states=flag).step.breakdown_s["optimizer"] for flag in (False, True)]
+    assert steps[1] < 0.8 * steps[0]  # the update reads and writes half the bytes
+    with pytest.raises(InvalidConfig, match="16-bit or fp8 training"):
+        TrainingJob(zoo.get("gpt2-small"), fp32.topology.gpu, 8, "fp32", bf16_states=True)
+    from gpusim.cli import main
+    assert main(["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--num-gpus", "16",
+                 "--tp", "2", "--batch-size", "64", "--seq-len", "4096", "--precision", "bf16",
+                 "--stack", "megatron", "--recompute", "full", "--zero", "1",
+                 "--microbatch-size", "1", "--bf16-optimizer-states"]) == 0
+    assert "bf16 master copies and optimizer states" in capsys.readouterr().out
+
+
 def test_megatron_mla_up_proj_and_mlp_recompute_modules(h100: GPUProfile) -> None:
     """Megatron-LM's mla_up_proj drops multi-head latent attention's up-projected q, k and v
     and re-runs the up-projections before the core's backward; mlp checkpoints a dense MLP

@@ -84,6 +84,9 @@ def test_megatron_bridge_rows_reduce_gradients_in_bf16() -> None:
 # DistributedFusedAdam, which keeps 16-bit remainders of the master weights, is not modelled).
 # The same day 6.9% and +6.3%: Megatron's fused SwiGLU costed as the TorchInductor kernels it
 # is (jit_fuser is torch.compile), its Llama rows 2-3 points faster.
+# 2026-11-25: all 12 rows, Nemotron-340B at -3.6% once its launcher config's apex
+# DistributedFusedAdam keeps gradients (grad_sync_dtype bf16) and its states and parameter
+# copy (dtype bf16) in bf16: 59 GiB where fp32 states made it 90.5.
 NEMO_2407_MAE, NEMO_2407_SIGNED = 0.07, 0.065
 
 
@@ -95,7 +98,7 @@ def test_nemo_2407_pretraining_table() -> None:
     assert len(cases) == 12
     rows = [predict_case(c) for c in cases]
     errors = [r.error for r in rows if r.error is not None]
-    assert len(errors) == 11, [r for r in rows if r.error is None]
+    assert len(errors) == 12, [r for r in rows if r.error is None]
     mae = sum(abs(e) for e in errors) / len(errors)
     signed = sum(errors) / len(errors)
     assert mae <= NEMO_2407_MAE and abs(signed) <= NEMO_2407_SIGNED, (mae, signed)

@@ -141,6 +141,11 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                            "--grad-reduce-in-bf16, Megatron-Bridge's ddp.grad_reduce_in_fp32 "
                            "false): half the gradient buffer and data-parallel traffic; "
                            "with bf16 or fp8")
+    tech.add_argument("--bf16-optimizer-states", action="store_true",
+                      help="keep the optimizer's states in bf16: Adam's moments and, with "
+                           "master weights, its copy of the weights (apex "
+                           "DistributedFusedAdam with dtype bf16); with 16-bit or fp8 "
+                           "training")
     tech.add_argument("--channels-last", action="store_true",
                       help="a CNN's tensors channels-last (model.to(memory_format="
                            "torch.channels_last)): no transposes around cuDNN's tensor-core "

@@ -144,6 +144,7 @@ def build_job(
     ep_dispatcher: str = "alltoall",
     overlap_grad_reduce: bool = True,
     bf16_grads: bool = False,
+    bf16_states: bool = False,
     max_batch: bool = False,
     pure_bf16: bool = False,
     stack: str | Stack | None = None,
@@ -173,7 +174,8 @@ def build_job(
     the model under torch.compile (TorchInductor's fused kernels, no per-op Python);
     ``optimizer_in_backward`` steps each parameter as its gradient arrives and
     ``offload_activations`` keeps the saved activations in host memory (both torchtune's,
-    one GPU only); ``bf16_grads`` accumulates and reduces gradients in bf16."""
+    one GPU only); ``bf16_grads`` accumulates and reduces gradients in bf16;
+    ``bf16_states`` keeps the optimizer's states in bf16."""
     if power_limit_w is not None:
         gpu = limited_device(gpu, system, power_limit_w)
     framework = load_stack(stack).with_attention(attention).with_compile(compile)
@@ -209,7 +211,8 @@ def build_job(
                           stack=framework, offload=offload, quantized_base=quantized,
                           adapters_only=finetune != "full", fp8_recipe=fp8_recipe,
                           optimizer_in_backward=optimizer_in_backward,
-                          offload_activations=offload_activations, bf16_grads=bf16_grads)
+                          offload_activations=offload_activations, bf16_grads=bf16_grads,
+                          bf16_states=bf16_states)
         if max_batch:
             job = replace(job, grad_accum=batch_size // largest_fitting_divisor(
                 batch_size, lambda m: replace(job, grad_accum=batch_size // m)))
@@ -239,7 +242,7 @@ def build_job(
                        frozen=frozen, loader_workers=loader_workers, pure_bf16=pure_bf16,
                        stack=framework, offload=offload, quantized_base=quantized,
                        adapters_only=finetune != "full", fp8_recipe=fp8_recipe,
-                       bf16_grads=bf16_grads)
+                       bf16_grads=bf16_grads, bf16_states=bf16_states)
     if max_batch:
         share = batch_size * config.context // config.data
 

@@ -79,6 +79,9 @@ class TrainingJob:
     ``bf16_grads`` accumulates and reduces gradients in bf16 (Megatron-LM's
     ``--grad-reduce-in-bf16``, Megatron-Bridge's ``ddp.grad_reduce_in_fp32: false``); see
     ``grad_bytes`` and ``reduce_bytes``.
+    ``bf16_states`` keeps the optimizer's states in bf16: Adam's moments and, with master
+    weights, its copy of the weights (apex's DistributedFusedAdam with dtype bf16, as NeMo's
+    Nemotron-4 340B configuration sets it).
     """
 
     model: Model
@@ -102,6 +105,7 @@ class TrainingJob:
     optimizer_in_backward: bool = False  # each parameter stepped as its gradient arrives
     offload_activations: bool = False  # saved activations kept in host memory until backward
     bf16_grads: bool = False  # gradients accumulated and reduced in bf16, not fp32
+    bf16_states: bool = False  # the optimizer's states (and master copy) in bf16, not fp32
     # Tensor-parallel ranks a stage's layers are split over (a ParallelJob's stage jobs; 1 for
     # one device): with a dtensor stack, whether the loss runs under loss_parallel
     tensor_parallel: int = 1
@@ -153,6 +157,9 @@ class TrainingJob:
         if self.bf16_grads and self.precision not in ("bf16", "fp8"):
             raise InvalidConfig(f"--grad-reduce-in-bf16 goes with bf16 or fp8 training, whose "
                                 f"gradients are bf16 (got --precision {self.precision})")
+        if self.bf16_states and not self.mixed_precision:
+            raise InvalidConfig(f"--bf16-optimizer-states goes with 16-bit or fp8 training "
+                                f"(got --precision {self.precision})")
         if self.optimizer_in_backward:
             self._check_optimizer_in_backward()
         if self.offload_activations and not self.device.is_gpu:
@@ -223,6 +230,11 @@ class TrainingJob:
         bf16 where ``bf16_grads`` says so (for FSDP2 its MixedPrecisionPolicy reduce_dtype,
         for DDP a bf16 compression hook; the gradients they keep stay fp32)."""
         return 2 if self.bf16_grads else self.grad_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes per element of the optimizer's states and of its master copy."""
+        return 2 if self.bf16_states or self.pure_bf16 else 4
 
     @property
     def framework(self) -> Stack:

@@ -418,9 +418,11 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
     # Autocast's cached 16-bit copies of the weights it casts, kept from forward to backward.
     copies = float(sum(lay.params * num.act_bytes for lay in layers if casts_weight(lay, job))
                    if job.device.is_gpu else 0.0)
-    master = 4.0 * trainable if job.master_weights and job.mixed_precision else 0.0
-    # Pure bf16: the optimizer's states take the parameters' type (8-bit states stay 8-bit).
-    state_scale = 0.5 if job.pure_bf16 and job.optimizer != "adamw8bit" else 1.0
+    master = (float(job.state_bytes) * trainable if job.master_weights and job.mixed_precision
+              else 0.0)
+    # Pure bf16: the optimizer's states take the parameters' type (8-bit states stay 8-bit);
+    # bf16 states likewise.
+    state_scale = job.state_bytes / 4 if job.optimizer != "adamw8bit" else 1.0
     # The largest layer output and its gradient alive together during backward; the loss's
     # apart (see MemoryPlan.loss_transient).
     precision = layer_precisions(job)

@@ -75,6 +75,9 @@ _FUSED_UPDATE = {"adam": ("fused_adam", 4, 3), "adamw": ("fused_adam", 4, 3),
 def _megatron_passes(job: TrainingJob) -> tuple[list[Pass], Pass, list[Pass]]:
     """The passes before the update, the fused update, the passes after it."""
     name, reads, writes = _FUSED_UPDATE[job.optimizer]
+    if job.bf16_states and job.optimizer != "adamw8bit":
+        # the master copy and the states in bf16: half of each fp32 unit but the gradient's
+        reads, writes = 1 + (reads - 1) / 2, writes / 2
     scaled: list[Pass] = [("copy_main_grads", 0.5, 1, True), ("unscale_", 1, 1, False)]
     return ([*(scaled if job.precision == "fp16" else []), ("grad_norm", 1, 0, False)],
             (name, reads, writes, False), [("copy_main_params", 1, 0.5, False)])

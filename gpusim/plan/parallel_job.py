@@ -236,6 +236,7 @@ class ParallelJob:
     adapters_only: bool = False  # LoRA: only the adapters train, the base is frozen
     fp8_recipe: str = "tensorwise"  # with precision fp8: how scales are found (workload/fp8.py)
     bf16_grads: bool = False  # gradients accumulated and reduced in bf16 (see TrainingJob)
+    bf16_states: bool = False  # the optimizer's states in bf16 (see TrainingJob)
 
     def __post_init__(self) -> None:
         p = self.parallel
@@ -351,7 +352,8 @@ class ParallelJob:
                            pure_bf16=self.pure_bf16, stack=self.stack,
                            offload=self.offload, quantized_base=self.quantized_base,
                            adapters_only=self.adapters_only, fp8_recipe=self.fp8_recipe,
-                           tensor_parallel=self.parallel.tensor, bf16_grads=self.bf16_grads)
+                           tensor_parallel=self.parallel.tensor, bf16_grads=self.bf16_grads,
+                           bf16_states=self.bf16_states)
 
     @cached_property
     def model_flops_per_sample(self) -> float:

@@ -227,6 +227,8 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs["shard_group"] = int(p["dp_shard"])  # hybrid sharding (HSDP)
     if str(t.get("grad_reduce", "")).startswith("bf16"):  # as the case's source says
         kwargs["bf16_grads"] = True
+    if str(t.get("optimizer_states", "")).startswith("bf16"):
+        kwargs["bf16_states"] = True
     if p.get("etp"):  # Megatron's expert tensor parallel size, where the source states it
         kwargs["etp"] = int(p["etp"])
     if ep > 1 and ("a2a_overlap true" in other or "a2a_overlap" in case["id"]):
