@@ -30,6 +30,7 @@ from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.memory import FRAMEWORK_RESERVED_BYTES, MemoryPlan
 from gpusim.plan.memory_report import peak_plan
 from gpusim.stack import Stack, load_stack
+from gpusim.validate.published_throughput import model_of
 from gpusim.validate.torchtitan import MID_2025_COMMITS, torchtitan_pipeline
 from gpusim.workload import zoo
 from gpusim.workload.model import Model
@@ -173,6 +174,8 @@ def _model(m: dict[str, Any]) -> Model | None:
         return zoo.get("bert-large", seq_len=int(m["seq_len"]))
     if "vit" in name:
         return _vision_transformer(m)
+    if m.get("experts"):  # a mixture of experts, as the throughput cases build one
+        return model_of(m, int(m["seq_len"]))
     if not all(m.get(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len")):
         return None
     gated = bool(m.get("gated_mlp"))
@@ -237,7 +240,11 @@ def _job(row: dict[str, Any]) -> Any:
         "offload_activations": t.get("activation_offloading") is True,
         # torchao's CPUOffloadOptimizer (offload_gradients off): the states and the step on
         # the host, gradients made on the device, as --offload optimizer holds them
-        "offload": "optimizer" if p.get("cpu_offload") or "offload" in opt else "none"}
+        "offload": "optimizer" if p.get("cpu_offload") or "offload" in opt else "none",
+        # Megatron's --grad-reduce-in-bf16 (Megatron-Bridge's grad_reduce_in_fp32 false)
+        "bf16_grads": str(t.get("grad_reduce", "")).startswith("bf16")}
+    if int(p.get("ep") or 1) > 1:
+        options["ep"] = int(p["ep"])
     model, gpu = _model(m), _gpu(row["hardware"]["gpu"])
     assert model is not None and gpu is not None  # _unsupported checked both
     accum = int(t.get("grad_accum") or 1)
