@@ -7,6 +7,7 @@ import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -428,6 +429,13 @@ def _megatron(bf16_grads: bool, zero: int = 1) -> ParallelJob:
                        "adamw", "full", bf16_grads=bf16_grads)
 
 
+def _megatron_breakdown(term: str, **flags: Any) -> float:
+    """One breakdown term of _megatron's job estimated end to end under ``flags``."""
+    return estimate(model="llama3-8b", gpu="h100-sxm", seq_len=4096, batch_size=64,
+                    num_gpus=16, tp=2, microbatch_size=1, zero=1, precision="bf16",
+                    stack="megatron", checkpointing="full", **flags).step.breakdown_s[term]
+
+
 def test_bf16_gradient_reduction_halves_megatrons_gradient_buffer_and_traffic() -> None:
     # Megatron-LM's --grad-reduce-in-bf16 (Megatron-Bridge's grad_reduce_in_fp32 false):
     # the gradient buffers take bf16, and the data-parallel reduce-scatter carries bf16
@@ -437,11 +445,8 @@ def test_bf16_gradient_reduction_halves_megatrons_gradient_buffer_and_traffic() 
     plans = [plan_parallel(j) for j in (fp32, bf16)]
     kept = [stage_memory(pl, pl.stages[0]).gradients for pl in plans]
     assert kept[1] == pytest.approx(kept[0] / 2)
-    times = [estimate(model="llama3-8b", gpu="h100-sxm", seq_len=4096, batch_size=64,
-                      num_gpus=16, tp=2, microbatch_size=1, zero=1, precision="bf16",
-                      stack="megatron", checkpointing="full", overlap_grad_reduce=False,
-                      bf16_grads=flag).step.breakdown_s["data_parallel_comm"]
-             for flag in (False, True)]
+    times = [_megatron_breakdown("data_parallel_comm", overlap_grad_reduce=False,
+                                 bf16_grads=flag) for flag in (False, True)]
     assert 0.4 * times[0] < times[1] < 0.75 * times[0]
 
 
@@ -478,10 +483,8 @@ def test_bf16_optimizer_states_halve_the_states_and_the_master_copy(
     plans = [plan_parallel(j) for j in (fp32, bf16)]
     states = [stage_memory(pl, pl.stages[0]).optimizer_states for pl in plans]
     assert states[1] == pytest.approx(states[0] / 2)
-    steps = [estimate(model="llama3-8b", gpu="h100-sxm", seq_len=4096, batch_size=64,
-                      num_gpus=16, tp=2, microbatch_size=1, zero=1, precision="bf16",
-                      stack="megatron", checkpointing="full", bf16_grads=True,
-                      bf16_states=flag).step.breakdown_s["optimizer"] for flag in (False, True)]
+    steps = [_megatron_breakdown("optimizer", bf16_grads=True, bf16_states=flag)
+             for flag in (False, True)]
     assert steps[1] < 0.8 * steps[0]  # the update reads and writes half the bytes
     with pytest.raises(InvalidConfig, match="16-bit or fp8 training"):
         TrainingJob(zoo.get("gpt2-small"), fp32.topology.gpu, 8, "fp32", bf16_states=True)
