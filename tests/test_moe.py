@@ -420,6 +420,10 @@ def test_deepep_sends_a_token_once_per_destination() -> None:
     comm = {d: estimate(**base, ep_dispatcher=d).step.breakdown_s["expert_parallel_comm"]
             for d in ("alltoall", "deepep")}
     assert comm["deepep"] < 0.7 * comm["alltoall"]
+    # NVIDIA's HybridEP is hierarchical the same way (RDMA across nodes, NVLink inside)
+    hybrid = estimate(**base, ep_dispatcher="hybridep").step
+    assert hybrid.breakdown_s["expert_parallel_comm"] == pytest.approx(comm["deepep"])
+    assert "hybridep dispatch" in hybrid.parallel
     with pytest.raises(InvalidConfig, match="dispatcher"):
         estimate(**base, ep_dispatcher="nccl")
 

@@ -206,11 +206,13 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="run expert-parallel all-to-alls beside another microbatch's "
                            "compute (Megatron-LM's --overlap-moe-expert-parallel-comm; needs "
                            "--ep > 1)")
-    many.add_argument("--ep-dispatcher", choices=("alltoall", "deepep"), default="alltoall",
+    many.add_argument("--ep-dispatcher", choices=("alltoall", "deepep", "hybridep"),
+                      default="alltoall",
                       help="how tokens reach their experts: alltoall (a copy per chosen "
                            "expert, NCCL's all-to-all) or deepep (DeepEP: a copy per "
                            "destination rank inside a node, per destination node across "
-                           "nodes; Megatron-LM's --moe-enable-deepep)")
+                           "nodes; Megatron-LM's --moe-enable-deepep) or hybridep "
+                           "(NVIDIA's HybridEP, hierarchical the same way, costed alike)")
     many.add_argument("--no-overlap-grad-reduce", action="store_true",
                       help="reduce data-parallel gradients after the backward pass, not "
                            "during it")

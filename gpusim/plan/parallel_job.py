@@ -32,7 +32,10 @@ from gpusim.workload.model import Model
 
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
-EP_DISPATCHERS = ("alltoall", "deepep")
+EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# Dispatchers that send a token once per destination rank inside a node and once per
+# destination node across nodes
+DEDUP_DISPATCHERS = ("deepep", "hybridep")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -81,7 +84,10 @@ class ParallelConfig:
     # How tokens reach their experts' ranks: "alltoall", one copy per chosen expert (NCCL's
     # all-to-all, Megatron-LM's alltoall dispatcher); "deepep", one copy per destination rank
     # inside a node and per destination node across nodes, forwarded over NVLink there
-    # (DeepSeek's DeepEP, Megatron-LM's flex dispatcher with --moe-enable-deepep)
+    # (DeepSeek's DeepEP, Megatron-LM's flex dispatcher with --moe-enable-deepep);
+    # "hybridep", NVIDIA's HybridEP (DeepEP's hybrid-ep branch, Megatron's flex backend
+    # hybridep), hierarchical the same way (its docs: RDMA across nodes, NVLink inside),
+    # costed alike
     ep_dispatcher: str = "alltoall"
 
     @property

@@ -21,7 +21,7 @@ from gpusim.hardware.calibration import Calibration
 from gpusim.hardware.profile import DeviceProfile
 from gpusim.plan.context_parallel import cp_collectives
 from gpusim.plan.lower import layer_kind
-from gpusim.plan.parallel_job import ParallelJob
+from gpusim.plan.parallel_job import DEDUP_DISPATCHERS, ParallelJob
 from gpusim.plan.recompute import activation_only
 from gpusim.plan.tensor_parallel import tp_collectives
 from gpusim.stack import Stack, runs_compiled
@@ -187,9 +187,10 @@ def pass_terms(ops: list[Costed], layers: dict[str, Layer], job: ParallelJob,
     ep_at = [0.0] * len(ops)
     # PyTorch's DTensor parallelism keeps a column layer's gathered input for backward
     kept = job.whole.framework.tensor_parallel == "dtensor"
-    # DeepEP sends a token once per destination node across nodes, once per rank inside one
+    # DeepEP (and HybridEP) send a token once per destination node across nodes, once per
+    # rank inside one
     dedup = ((ep_group.num_nodes if ep_group.spans_nodes else ep_group.size)
-             if p.ep_dispatcher == "deepep" else 0)
+             if p.ep_dispatcher in DEDUP_DISPATCHERS else 0)
     for phase, name in passes:
         if phase == "recompute" and activation_only(layers[name], job.checkpointing):
             continue  # nothing to exchange

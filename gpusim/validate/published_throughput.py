@@ -235,10 +235,9 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
         kwargs["ep_overlap"] = True  # Megatron's --overlap-moe-expert-parallel-comm
     named = " ".join((case["id"], other, str(case.get("framework")))).lower()
     if ep > 1 and ("deepep" in named or "hybridep" in named):
-        # The run names DeepEP, or NVIDIA's HybridEP (DeepEP's hybrid-ep branch, Megatron's
-        # flex dispatcher backend 'hybridep'): both send a token once per destination node
-        # over RDMA and fan it out over NVLink there (DeepEP docs/README_Hybrid-EP.md)
-        kwargs["ep_dispatcher"] = "deepep"
+        # the run names DeepEP, or NVIDIA's HybridEP (DeepEP's hybrid-ep branch, Megatron's
+        # flex dispatcher backend 'hybridep')
+        kwargs["ep_dispatcher"] = "hybridep" if "hybridep" in named else "deepep"
     if tp > 1:  # torchtitan's TP plan and Megatron both split norms and dropout by sequence
         kwargs["sequence_parallel"] = True
         kwargs["tp_overlap"] = async_tp
