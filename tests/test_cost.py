@@ -144,3 +144,32 @@ def test_fp32_products_on_shared_lane_sms_reach_the_published_share_of_the_peak(
             assert kernel_cost(half, gpu, cal).seconds == kernel_cost(half, own, cal).seconds
     a100 = load_gpu("a100-80gb")
     assert not a100.fp32_lanes_shared_with_int32
+
+
+def test_thin_products_run_at_their_fitted_efficiency() -> None:
+    """A product with fewer rows (or columns) than the smallest tile is no padded tile:
+    cuBLAS runs it as a GEMV-like or thin-tiled kernel, at the thin efficiency the volta fit
+    takes from DeepBench's thin rows; a thin convolution keeps the tile model (cuDNN's
+    kernels), and an architecture without thin cases keeps it too."""
+    from dataclasses import replace
+
+    from gpusim.hardware.catalog import load_gpu
+
+    v100 = load_gpu("v100-sxm2-16gb")
+    assert isinstance(v100, GPUProfile)
+    cal = calibration_for(v100)
+    assert set(cal.gemm.thin_efficiency) == {"fp16", "fp32"}
+    thin = GemmShape(16, 1760, 1760)
+    assert quantization_efficiency(thin, v100, cal, "fp32") == cal.gemm.thin_efficiency["fp32"]
+    padded = quantization_efficiency(thin, v100, cal)  # no precision: tiles, as for a conv
+    assert padded < cal.gemm.thin_efficiency["fp32"]
+    assert quantization_efficiency(GemmShape(4096, 4096, 4096), v100, cal, "fp32") == (
+        quantization_efficiency(GemmShape(4096, 4096, 4096), v100, cal))
+    # DeepBench's V100 SGEMM 16 x 1760 x 1760 ran 38 us (2.6 TFLOP/s)
+    seconds = kernel_cost(gemm_op("g", thin, "fp32", 4), v100, cal).seconds
+    assert seconds == pytest.approx(38e-6, rel=0.3)
+    conv = replace(gemm_op("c", thin, "fp32", 4), kind="conv")
+    assert kernel_cost(conv, v100, cal).seconds > seconds
+    h100 = load_gpu("h100-sxm")
+    assert isinstance(h100, GPUProfile)
+    assert not calibration_for(h100).gemm.thin_efficiency

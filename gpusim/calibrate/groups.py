@@ -188,6 +188,10 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
     gemm_host = [c for c in gemm if gemm_graphed and not kernel_timed(c)
                  and not device_paced(c)] if device.is_gpu else []
     gemm = [c for c in gemm if c not in gemm_host]
+    # Thin products (a side below the smallest tile) fit their own tile efficiency, with the
+    # full-tile figures above fixed; loop-timed ones where graph replays exist pace the host.
+    thin = [c for c in of(lambda c: c["kind"] == "gemm" and not tiled(c))
+            if kernel_timed(c) or not gemm_graphed or device_paced(c)]
     gemm_params: list[tuple[Path_, str]] = [
         (("gemm", "max_efficiency", p), "efficiency") for p in precisions]
     gemm_params += [(("gemm", "long_k_slope", p), "slope") for p in precisions
@@ -228,6 +232,9 @@ def fit_groups(cases: list[dict[str, Any]], device: DeviceProfile) -> list[Group
         ("misaligned", misaligned,
          [(("gemm", "misaligned_factor", str(p)), "factor")
           for p in sorted({c["precision"] for c in misaligned})]),
+        ("thin gemm", thin,
+         [(("gemm", "thin_efficiency", str(p)), "efficiency")
+          for p in sorted({c["precision"] for c in thin})]),
         # A linear layer's products in the layouts training uses, relative to the row-major
         # products above: forward (nt) and the weight gradient (tn).
         ("gemm layouts", of(lambda c: c["kind"] == "linear" and device.is_gpu) + layouts,

@@ -38,8 +38,11 @@ class KernelCost:
     exposed_write_s: float = 0.0  # a product's result write its main loop does not hide
 
 
-def quantization_efficiency(shape: GemmShape, device: GPUProfile, cal: Calibration) -> float:
-    """Best tile/wave efficiency over the tiles a library may pick (1.0 when no tiles).
+def quantization_efficiency(shape: GemmShape, device: GPUProfile, cal: Calibration,
+                            precision: str = "") -> float:
+    """Best tile/wave efficiency over the tiles a library may pick (1.0 when no tiles); for
+    a product thinner than the smallest tile, the fitted thin efficiency of its math
+    ``precision`` where the calibration has one.
 
     Tile efficiency: useful M x N over M x N rounded up to the tile. Wave efficiency: tiles
     over whole waves of (SMs x CTAs per SM). When M x N gives too few tiles to fill the GPU
@@ -49,6 +52,9 @@ def quantization_efficiency(shape: GemmShape, device: GPUProfile, cal: Calibrati
     """
     if not cal.gemm.tiles:
         return 1.0
+    thin = cal.gemm.thin_efficiency.get(precision)
+    if thin is not None and min(shape.m, shape.n) < min(t.m for t in cal.gemm.tiles):
+        return thin
     best = 0.0
     slots = device.compute_units * cal.gemm.ctas_per_sm
     for tile in cal.gemm.tiles:
@@ -161,7 +167,9 @@ def kernel_cost(op: Op, device: DeviceProfile, cal: Calibration) -> KernelCost:
                         op.attention.head_dim, widest)
                     eff *= d / (d + width) * (REFERENCE_HEAD_DIM + width) / REFERENCE_HEAD_DIM
         if op.gemm is not None and isinstance(device, GPUProfile):
-            eff *= quantization_efficiency(op.gemm, device, cal)
+            # (a thin convolution runs cuDNN's kernels, not the thin GEMMs fitted)
+            eff *= quantization_efficiency(op.gemm, device, cal,
+                                           op.math if op.kind == "gemm" else "")
             if op.kind == "gemm":
                 g = cal.gemm
                 if not op.gemm.aligned(DTYPE_BYTES.get(op.math, 4)):

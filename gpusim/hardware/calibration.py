@@ -139,6 +139,13 @@ class GemmCalibration(Frozen):
         description="per math precision, a matrix product's efficiency relative to "
                     "max_efficiency when a stored row is not a multiple of 16 bytes (e.g. "
                     "GPT-2's 50257-word vocabulary); none given: no penalty")
+    thin_efficiency: dict[str, Fraction] = Field(
+        default_factory=dict,
+        description="per math precision, the tile efficiency of a thin product, one with "
+                    "fewer rows or columns than the smallest tile (a batch of 16 tokens, a "
+                    "LoRA rank, a router's 8 experts): libraries run those as GEMV-like or "
+                    "thin-tiled split-K kernels, not as padded tiles; fitted on thin micro "
+                    "cases; none given: the tiles' padding and waves as for any product")
     sustained_factor: Fraction = Field(
         1.0, description="a tensor-core product's rate when products run back to back for "
                          "seconds, as a training step runs them, over its rate in the micro "
