@@ -49,15 +49,21 @@ class Limits:
 
 
 def gemm_shapes() -> list[tuple[int, int, int]]:
-    """(m, n, k): square 64..16384, skinny (few rows or a short K), and transformer shapes."""
+    """(m, n, k): square 64..16384, skinny (few rows or a short K), thin (a side below the
+    smallest 64-wide tile, which calibrate fits apart: gemm.thin_efficiency), and
+    transformer shapes."""
     square = [(s, s, s) for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
     skinny = [(8192, 64, 1024), (64, 8192, 1024), (1024, 1024, 64), (16384, 1024, 64),
               (8192, 8192, 64), (64, 64, 16384), (128, 4096, 4096), (4096, 128, 4096),
               (2048, 16384, 256)]
+    # 16 and 32 tokens; a LoRA rank of 16 (its A product and weight gradient); a router
+    # over 8 experts
+    thin = [(16, 8192, 4096), (32, 8192, 4096), (8192, 16, 4096), (16, 4096, 8192),
+            (8192, 8, 4096)]
     # tokens x (3h | h | 4h) x h, and the weight-gradient shape (h x h x tokens)
     transformer = [(4096, 2304, 768), (4096, 768, 3072), (4096, 3072, 768), (768, 768, 4096),
                    (8192, 12288, 4096), (8192, 4096, 14336), (4096, 4096, 8192)]
-    return square + skinny + transformer
+    return square + skinny + transformer + thin
 
 
 def misaligned_gemm_shapes() -> list[tuple[int, int, int]]:
