@@ -21,9 +21,12 @@ Not calibration data unless a calibration group says so; written for the model t
 lack a measurement (issues 14, 15, 20).
 
 - ``moe_kernels``: the models suite's MoE layer (moe-blocks), kernel by kernel.
+- ``expert_gemms``: the experts' products as Transformer Engine's GroupedLinear issues them
+  on Hopper (a cuBLAS GEMM per expert, round-robin on 4 streams), against one batched
+  product and a single stream: what gpusim's stack field expert_streams costs.
 
     python measurements/gpu_probes.py OUT_FILE [context nccl moe sdpa32 moe_kernels
-                                                fsdp_reserve]
+                                                fsdp_reserve expert_gemms]
 """
 
 from __future__ import annotations
@@ -451,6 +454,58 @@ def probe_sdpa32() -> dict[str, Any]:
     return {"cases": rows}
 
 
+def _expert_gemms(experts: int, m: int, n: int, k: int, streams: int) -> dict[str, Any]:
+    """One product per expert as Transformer Engine's GroupedLinear runs it on Hopper
+    (multi_stream_cublas_gemm: a cuBLAS GEMM per expert, round-robin on ``streams`` streams,
+    joined by events), against one batched product and one stream."""
+    a = torch.randn(experts, m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(experts, k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(experts, m, n, device="cuda", dtype=torch.bfloat16)
+    pool = [torch.cuda.Stream() for _ in range(streams)]
+
+    def batched() -> None:
+        torch.bmm(a, w, out=out)
+
+    def one_stream() -> None:
+        for e in range(experts):
+            torch.mm(a[e], w[e], out=out[e])
+
+    def round_robin() -> None:
+        main = torch.cuda.current_stream()
+        for s in pool:
+            s.wait_stream(main)
+        for e in range(experts):
+            with torch.cuda.stream(pool[e % streams]):
+                torch.mm(a[e], w[e], out=out[e])
+        for s in pool:
+            main.wait_stream(s)
+
+    row: dict[str, Any] = {"experts": experts, "m": m, "n": n, "k": k, "streams": streams,
+                           "flops": 2.0 * experts * m * n * k}
+    for name, fn in (("batched", batched), ("one_stream", one_stream),
+                     ("round_robin", round_robin)):
+        row[f"{name}_s"] = _events_time(fn)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            fn()
+        row[f"{name}_host_s"] = (time.perf_counter() - start) / 10  # issue time, queue ahead
+        torch.cuda.synchronize()
+    return row
+
+
+def probe_expert_gemms() -> dict[str, Any]:
+    """Experts' products per local-expert count and rows per expert (the Megatron MoE runs:
+    Qwen3-30B at EP 8/16, Qwen3-235B at EP 8/32, DeepSeek-V3 at EP 64), bf16."""
+    rows = []
+    for experts, m, n, k in ((16, 2048, 1536, 2048), (8, 4096, 1536, 2048),
+                             (16, 512, 3072, 4096), (4, 4096, 3072, 4096),
+                             (4, 4096, 4096, 7168), (16, 256, 1536, 2048)):
+        rows.append(_expert_gemms(experts, m, n, k, 4))
+        torch.cuda.empty_cache()
+    return {"cases": rows}
+
+
 def main() -> None:
     if sys.argv[1] == "--child":
         fn = {"context": probe_context, "nccl": probe_nccl,
@@ -466,7 +521,8 @@ def main() -> None:
         start = time.perf_counter()
         result[name] = (_in_child(name) if name in ("context", "nccl", "fsdp_reserve")
                         else {"moe": probe_moe, "sdpa32": probe_sdpa32,
-                              "moe_kernels": probe_moe_kernels}[name]())
+                              "moe_kernels": probe_moe_kernels,
+                              "expert_gemms": probe_expert_gemms}[name]())
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
         out_file.write_text(json.dumps(result, indent=1))
 
