@@ -51,6 +51,7 @@ from gpusim.workload.attention import Attention
 from gpusim.workload.layers import Conv2d
 from gpusim.workload.lora import LORA_SUFFIX
 from gpusim.workload.model import Model
+from gpusim.workload.moe import MoE
 from gpusim.workload.numerics import Numerics
 
 __all__ = ["build_job", "estimate", "mfu_peak", "replace_layers", "resolve_model",
@@ -322,7 +323,9 @@ def estimate(
                               f"projections ({trains} parameters train), {base}")
     framework = job.stack or load_stack(stack).with_attention(attention)
     if job.model.family == "transformer" or stack is not None or attention is not None:
-        assumptions.insert(0, framework.describe())
+        experts = framework.describe_experts() if any(
+            isinstance(layer, MoE) for layer in job.model.layers) else ""
+        assumptions.insert(0, framework.describe() + (f"; {experts}" if experts else ""))
     fp32_attention = job.precision in ("fp32", "tf32") and any(
         isinstance(layer, Attention) and layer.fused for layer in job.model.layers)
     unmeasured = attention_unmeasured(framework, device, fp32_attention)

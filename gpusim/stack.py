@@ -165,6 +165,19 @@ class Stack(BaseModel):
         return self if compiled == self.compiled else self.model_copy(
             update={"compiled": compiled})
 
+    def describe_experts(self) -> str:
+        """How the stack runs a mixture of experts' products and token counts ('' for the
+        default: one grouped kernel per product, no host wait)."""
+        parts = []
+        if self.expert_streams:
+            parts.append(f"the experts' products one cuBLAS GEMM per expert, "
+                         f"{self.expert_streams} streams at a time, each operand cast per "
+                         f"expert")
+        if self.moe_host_sync != "never":
+            when = "" if self.moe_host_sync == "always" else " under expert parallelism"
+            parts.append(f"the host waiting for each MoE layer's tokens per expert{when}")
+        return "; ".join(parts)
+
     def describe(self) -> str:
         attention = ("attention as SDPA picks it" if self.attention == "auto"
                      else "unfused (math) attention" if self.attention == "math"

@@ -515,8 +515,13 @@ def test_megatron_moe_steps_pay_their_per_expert_launches_and_syncs() -> None:
     megatron = load_stack("megatron")
     grouped = megatron.model_copy(update={"expert_streams": 0, "moe_host_sync": "never"})
     unsynced = megatron.model_copy(update={"moe_host_sync": "never"})
-    times = [estimate(**base, stack=s).step.step_time_s for s in (grouped, unsynced, megatron)]
+    runs = [estimate(**base, stack=s) for s in (grouped, unsynced, megatron)]
+    times = [r.step.step_time_s for r in runs]
     assert times[0] < times[1] < times[2]
+    said = runs[2].assumptions[0]
+    assert "one cuBLAS GEMM per expert, 4 streams at a time" in said
+    assert "the host waiting for each MoE layer's tokens per expert" in said
+    assert "per expert" not in runs[0].assumptions[0]
     # on one device the engine's host waits at each sync, as the queue above does
     one = {s.moe_host_sync: estimate(_small_moe(experts=64, top_k=8), "h100-sxm", 8,
                                      precision="bf16", stack=s).step
