@@ -3,8 +3,11 @@
 Costed as the dropless grouped-GEMM path that Megatron-LM (``--moe-grouped-gemm``) and
 torchtitan run: the router's product and top-k, a gather of every token's copies into expert
 order, each expert's products over the tokens routed to it (one batched product per
-projection), the gated activation, and a weighted scatter back. Routing is taken as balanced
-(the load-balancing loss's aim): every expert sees ``tokens x top_k / experts`` rows.
+projection, or one GEMM per expert on a few streams where the stack runs them so:
+``expert_streams``), the gated activation, and a weighted scatter back; where the stack's
+dispatcher reads the token counts back to the host, the forward waits there (``host_sync``).
+Routing is taken as balanced (the load-balancing loss's aim): every expert sees
+``tokens x top_k / experts`` rows.
 Shared experts (DeepSeek, Qwen2-MoE) run on every token as a dense MLP beside them.
 
 In fp8 training the experts' and shared experts' products run in fp8 and quantize their
