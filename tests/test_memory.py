@@ -142,6 +142,17 @@ def test_adafactor_keeps_factored_second_moments(h100: GPUProfile) -> None:
         model, h100, 64, "fp32", optimizer="adam")))
 
 
+def test_adafactor_keeps_autocasts_weight_copies(h100: GPUProfile) -> None:
+    """The optimizer changes the states, not what autocast caches: under fp16 autocast an
+    Adafactor run keeps the same 16-bit weight copies from forward to backward as an Adam
+    run (the plan once lost them to a name reused for Adafactor's temporaries)."""
+    model = zoo.get("bert-large", seq_len=128)
+    copies = [memory_plan(TrainingJob(model, h100, 4, "fp16", optimizer=opt)).weight_copies
+              for opt in ("adamw", "adafactor")]
+    assert copies[0] > 0.5 * 2**30
+    assert copies[1] == copies[0]
+
+
 def test_adafactor_is_refused_where_megatron_steps(h100: GPUProfile) -> None:
     with pytest.raises(InvalidConfig, match="no Adafactor"):
         TrainingJob(zoo.get("gpt2"), h100, 8, "bf16", optimizer="adafactor",

@@ -463,8 +463,8 @@ def memory_plan(job: TrainingJob, split: tuple[float, float] | None = None) -> M
         # too) are alive beside it.
         states = DTYPE_BYTES["fp32"] * sum(size for lay in trained
                                            for size in lay.factored_sizes()) + master
-        copies = 2 + (job.weight_bytes < DTYPE_BYTES["fp32"])
-        temporaries = DTYPE_BYTES["fp32"] * largest * copies
+        alive = 2 + (job.weight_bytes < DTYPE_BYTES["fp32"])  # tensor-sized temporaries
+        temporaries = DTYPE_BYTES["fp32"] * largest * alive
     else:
         states = OPTIMIZER_STATE_BYTES[job.optimizer] * trainable * state_scale + master
     weights = float(job.weight_bytes * trainable
