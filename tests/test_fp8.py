@@ -43,8 +43,27 @@ def test_each_quantized_tensor_pays_its_cast_kernels(recipe: str) -> None:
     assert {n.split(".")[-2] for n in casts} >= {"x", "w", "dy"}
     if recipe == "tensorwise":
         assert any(n.endswith(".amax") for n in casts)
-    if recipe == "delayed":
+    if recipe in ("delayed", "blockwise"):
         assert not any(n.endswith(".amax") for n in casts)
+
+
+def test_block_scaling_casts_both_layouts_in_one_kernel_with_its_scales() -> None:
+    """Transformer Engine's Float8BlockScaling on Hopper (DeepSeek-V3's 1x128/128x128):
+    one kernel reads the 16-bit tensor once and writes both fp8 layouts with an fp32 scale
+    per 128 elements; no abs-max pass, so a step sits with delayed scaling's, below
+    per-tensor scaling's."""
+    from gpusim.workload.fp8 import quantize_ops
+    from gpusim.workload.numerics import Numerics
+
+    ops = quantize_ops("x", 2**20, Numerics("fp8", "bf16", "bf16", fp8_recipe="blockwise"))
+    assert [op.name for op in ops] == ["x.to_fp8"]
+    assert ops[0].bytes == 2 * 2**20 + 2 * 2**20 * (1 + 4 / 128)
+    job = {**LLAMA, "batch_size": 16, "num_gpus": 8, "zero": 3, "seq_len": 8192,
+           "microbatch_size": 2, "checkpointing": "per-op", "precision": "fp8"}
+    times = {r: estimate(fp8_recipe=r, **job).step.step_time_s
+             for r in ("tensorwise", "blockwise", "delayed")}
+    assert times["blockwise"] < times["tensorwise"]
+    assert times["blockwise"] == pytest.approx(times["delayed"], rel=0.01)
 
 
 def test_fp8_speeds_a_large_model_up_by_a_published_like_factor() -> None:

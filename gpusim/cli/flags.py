@@ -105,8 +105,9 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     tech.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
                       help="with --precision fp8 (linear layers only; attention, norms and "
                            "the head stay bf16): tensorwise (default; torchao), rowwise, "
-                           "delayed (Transformer Engine) or mxfp8 scaling, each with its "
-                           "cast and scale kernels")
+                           "delayed (Transformer Engine), mxfp8 or blockwise (DeepSeek-V3's "
+                           "1x128/128x128, Transformer Engine's Float8BlockScaling) scaling, "
+                           "each with its cast and scale kernels")
     tech.add_argument("--attention", choices=ATTENTION_KERNELS,
                       help="attention kernel: auto (SDPA's choice on the GPU; the stack's "
                            "default), flash2 (FlashAttention-2), cudnn, efficient, triton "

@@ -286,10 +286,10 @@ def job_of(case: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], str]:
 
 def _fp8_recipe(precision: str) -> str:
     """The scaling a case's fp8 runs: Transformer Engine's DelayedScaling where the case
-    says so (its only recipe before TE 2), torchao's rowwise or MX scaling where it names
-    them, else per-tensor current scaling."""
+    says so (its only recipe before TE 2), torchao's rowwise or MX scaling, or block scaling
+    (DeepSeek-V3's 1x128/128x128), where it names them, else per-tensor current scaling."""
     low = precision.lower()
-    for recipe in ("delayed", "rowwise", "mxfp8"):
+    for recipe in ("delayed", "rowwise", "mxfp8", "blockwise"):
         if recipe in low:
             return recipe
     return "tensorwise"
