@@ -173,3 +173,22 @@ def test_thin_products_run_at_their_fitted_efficiency() -> None:
     h100 = load_gpu("h100-sxm")
     assert isinstance(h100, GPUProfile)
     assert not calibration_for(h100).gemm.thin_efficiency
+
+
+def test_an_op_launched_in_rounds_costs_its_full_and_partial_rounds(h100: GPUProfile) -> None:
+    """Six experts' GEMMs on four streams: a round of four side by side, then one of two;
+    the rounds carry all the work between them, each with its own waves, ramp and gap."""
+    from dataclasses import replace
+
+    cal = calibration_for(h100)
+    whole = gemm_op("g", GemmShape(2048, 1536, 2048, batch=6), "bf16", 2)
+    launched = replace(whole, launches=6, streams=4)
+
+    def part(experts: int) -> Op:
+        share = experts / 6
+        return replace(whole, flops=whole.flops * share, bytes=whole.bytes * share,
+                       alloc_bytes=whole.alloc_bytes * share, written=whole.written * share,
+                       gemm=GemmShape(2048, 1536, 2048, batch=experts))
+
+    expected = kernel_cost(part(4), h100, cal).seconds + kernel_cost(part(2), h100, cal).seconds
+    assert kernel_cost(launched, h100, cal).seconds == pytest.approx(expected)
