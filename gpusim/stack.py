@@ -24,7 +24,7 @@ from gpusim.hardware.catalog import format_validation_error, read_yaml
 from gpusim.workload.attention import Attention, CrossEntropy
 from gpusim.workload.layers import Elementwise, Layer
 from gpusim.workload.model import Model
-from gpusim.workload.moe import MoE
+from gpusim.workload.moe import HostSync, MoE
 
 DEFAULT_STACK = "pytorch"
 # Fused kernels that write their output as (batch, seq, heads, dim), so the output
@@ -127,7 +127,7 @@ class Stack(BaseModel):
     # when the host reads an MoE layer's tokens per expert back before dispatching them
     # (split sizes it needs as numbers), waiting for the device: never, with_ep (for the
     # all-to-all's splits), always. Cited in ``sources`` where set.
-    moe_host_sync: Literal["never", "with_ep", "always"] = "never"
+    moe_host_sync: HostSync = "never"
     sources: dict[str, str]
 
     @model_validator(mode="after")

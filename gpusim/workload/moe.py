@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from gpusim.comm.collectives import Collective
 from gpusim.workload.fp8 import quantize_ops
 from gpusim.workload.layers import Layer
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import DTYPE_BYTES, GemmShape, Op, gemm_op, memory_op
+
+# When the host reads an MoE layer's tokens per expert back before the dispatch, waiting for
+# the device: never, with_ep (only to exchange tokens between ranks), always
+HostSync = Literal["never", "with_ep", "always"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,9 @@ class MoE(Layer):
     # (torch._grouped_mm); N, one GEMM per expert issued round-robin on N streams, each
     # operand cast per expert the same way (Transformer Engine's GroupedLinear on cuBLAS)
     expert_streams: int = 0
-    # When the host reads the tokens per expert back before the dispatch (split sizes for
-    # the all-to-all, or for per-expert products), waiting for the device: never, with_ep
-    # (only to exchange tokens between ranks), always
-    host_sync: str = "never"
+    # When the host reads the tokens per expert back (split sizes for the all-to-all, or
+    # for per-expert products): HostSync
+    host_sync: HostSync = "never"
 
     @property
     def held(self) -> int:
