@@ -35,7 +35,7 @@ BSHD_OUTPUT_KERNELS = ("flash2", "flash3", "efficient", "triton")
 AttentionKernel = Literal["auto", "flash2", "cudnn", "efficient", "triton", "math"]
 ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 CHOICES = ("rms_norm", "kv_heads", "swiglu", "loss", "zero_grad", "optimizer", "attention",
-           "weights", "fp8_saved_input")
+           "weights", "fp8_saved_input", "rope")
 
 
 class Stack(BaseModel):
@@ -128,6 +128,12 @@ class Stack(BaseModel):
     # (split sizes it needs as numbers), waiting for the device: never, with_ep (for the
     # all-to-all's splits), always. Cited in ``sources`` where set.
     moe_host_sync: HostSync = "never"
+    # how the model's rotary position embeddings are applied to queries and keys
+    # (gpusim.workload.attention.ROPE_IMPLEMENTATIONS): one fused kernel each way, the
+    # complex product in fp32 of Meta's Llama, Hugging Face's rotate_half in 16 bits, or
+    # torchtune's fp32 real pairs; under torch.compile one generated kernel whatever the
+    # code. Cited in ``sources``.
+    rope: Literal["fused", "complex", "rotate_half", "real_pairs"] = "rotate_half"
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -199,9 +205,12 @@ class Stack(BaseModel):
             return (f"{self.full_name} stack under torch.compile: {attention}; each block's "
                     f"norms and activations as single TorchInductor kernels, its casts "
                     f"folded into their producers, {outside} ({loss}), {rest}")
+        rope = {"fused": "rotary embedding fused", "complex": "rotary embedding as an fp32 "
+                "complex product", "rotate_half": "rotary embedding as rotate_half",
+                "real_pairs": "rotary embedding on fp32 real pairs"}[self.rope]
         return (f"{self.full_name} stack: {attention}, "
                 f"RMS norm {self.rms_norm.replace('_', ' ')}, "
-                f"grouped K/V {self.kv_heads}, SwiGLU {self.swiglu}, {loss}, {rest}")
+                f"grouped K/V {self.kv_heads}, SwiGLU {self.swiglu}, {rope}, {loss}, {rest}")
 
 
 def stacks_dir() -> Path:
@@ -269,13 +278,16 @@ def apply_stack(model: Model, stack: Stack) -> Model:
     return replace(model, layers=layers)
 
 
+# A stack's rms_norm choice as an Elementwise norm's ``upcast``.
+NORM_UPCAST = {"fused": "", "upcast": "cast_back", "upcast_fp32_weight": "fp32_weight"}
+
+
 def _layer(layer: Layer, stack: Stack) -> Layer:
     compiled = runs_compiled(layer, stack)
     if compiled:
         layer = _compiled(layer)
     if isinstance(layer, Elementwise) and layer.op == "rms_norm" and not compiled:
-        upcast = {"fused": "", "upcast": "cast_back", "upcast_fp32_weight": "fp32_weight"}
-        return replace(layer, upcast=upcast[stack.rms_norm])
+        return replace(layer, upcast=NORM_UPCAST[stack.rms_norm])
     if isinstance(layer, CrossEntropy):
         # A compiled loss is one generated kernel each way: TorchInductor fuses the upcast,
         # log-softmax and likelihood, keeps the logits as the loss received them with a
@@ -293,7 +305,11 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
         return replace(layer, expert_streams=stack.expert_streams,
                        host_sync=stack.moe_host_sync)
     if isinstance(layer, Attention):
-        layer = replace(layer, expand_kv=stack.kv_heads == "expanded")
+        # the QK norms are the stack's RMS norms; TorchInductor fuses each of them, and the
+        # rotary embedding's chain, into one generated kernel each way
+        layer = replace(layer, expand_kv=stack.kv_heads == "expanded",
+                        rope="fused" if compiled else stack.rope,
+                        qk_norm_upcast="" if compiled else NORM_UPCAST[stack.rms_norm])
         if stack.attention == "math":
             return replace(layer, fused=False, kernel="", merge_copy=True)
         if stack.attention != "auto":

@@ -119,9 +119,10 @@ def collect(device: torch.device) -> dict[str, Any]:
 def switches(device: torch.device) -> dict[str, Any]:
     """Every setting that changes the answer, as it stood."""
     # tied_weights: a tied head shares its token table's weight (files without this key
-    # were measured with the head's own copy)
+    # were measured with the head's own copy); rotary: rotary models apply their rotary
+    # embedding (files without it ran them with no position encoding)
     out: dict[str, Any] = {"channels_last": False, "torch_compile": False, "cuda_graphs": False,
-                           "tied_weights": True}
+                           "tied_weights": True, "rotary": True}
     if device.type == "cuda":
         out.update({
             "cudnn_benchmark": torch.backends.cudnn.benchmark,

@@ -82,7 +82,20 @@ def load(path: str | Path, suite: str | None = None) -> dict[str, Any]:
                                  f"{suite} suite")
     if suite == "micro":
         _check_cases(path, data["cases"])
+    if not data.get("switches", {}).get("rotary"):
+        data["cases"] = [_without_rotary(case) for case in data["cases"]]
     return data
+
+
+def _without_rotary(case: dict[str, Any]) -> dict[str, Any]:
+    """A case as a runner before the ``rotary`` switch ran it: its transformer blocks
+    applied no rotary embedding whatever the spec said, so no position encoding at all."""
+    spec = case.get("model")
+    if not isinstance(spec, dict) or \
+            (spec.get("transformer") or {}).get("positions") != "rotary":
+        return case
+    return {**case, "model": {**spec, "transformer": {**spec["transformer"],
+                                                      "positions": "none"}}}
 
 
 def find(root: str | Path, suite: str, device: str | None = None,

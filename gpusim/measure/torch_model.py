@@ -83,6 +83,17 @@ class _Attention(nn.Module):
     def __init__(self, layer: Attention) -> None:
         super().__init__()
         self.layer = layer
+        if layer.qk_norm:  # Qwen3's per-head norms of the queries and keys
+            self.q_norm = nn.Parameter(torch.ones(layer.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(layer.head_dim))
+        # rotary embeddings as Hugging Face applies them (the pytorch stack's rotate_half):
+        # cos and sin tables of the rotated dimensions, in the activations' type
+        d = layer.rotary_dim
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / max(d, 1))
+        angles = torch.outer(torch.arange(layer.seq, dtype=torch.float32), inv_freq)
+        self.cos = torch.cat((angles, angles), dim=-1).cos()
+        self.sin = torch.cat((angles, angles), dim=-1).sin()
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         # The SDPA backend PyTorch picked for the tensors this layer really passes (views of
         # the packed projection, autocast's dtype, dropout), which can differ from the
         # micro suite's contiguous inputs; recorded at the first call.
@@ -94,6 +105,11 @@ class _Attention(nn.Module):
         n = qkv.shape[0]
         parts = qkv.reshape(n, a.seq, a.heads + 2 * kv, a.head_dim).transpose(1, 2)
         q, k, v = parts.split([a.heads, kv, kv], dim=1)
+        if a.qk_norm:
+            q = F.rms_norm(q, (a.head_dim,), self.q_norm)
+            k = F.rms_norm(k, (a.head_dim,), self.k_norm)
+        if a.rotary_dim:
+            q, k = self._rotate(q), self._rotate(k)
         p = DROPOUT_P if a.dropout else 0.0
         if a.fused and not self.sdpa_backend and not torch.compiler.is_compiling():
             from gpusim.measure.micro_layers import sdpa_backend_chosen
@@ -112,6 +128,18 @@ class _Attention(nn.Module):
                 probs = F.dropout(probs, p, training=True)
             out = torch.matmul(probs, v)
         return out.transpose(1, 2).reshape(n, a.seq, a.heads * a.head_dim)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x * cos + rotate_half(x) * sin on the rotated dimensions (the rest passed on)."""
+        if x.dtype not in self._tables:  # the tables moved and cast once, not every call
+            self._tables[x.dtype] = (self.cos.to(x.device, x.dtype),
+                                     self.sin.to(x.device, x.dtype))
+        cos, sin = self._tables[x.dtype]
+        d = self.layer.rotary_dim
+        rot, rest = (x, None) if d == x.shape[-1] else (x[..., :d], x[..., d:])
+        x1, x2 = rot[..., : d // 2], rot[..., d // 2:]
+        out = rot * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return out if rest is None else torch.cat((out, rest), dim=-1)
 
 
 class _MoE(nn.Module):

@@ -103,7 +103,7 @@ def model_of(m: dict[str, Any], seq: int) -> Model:
     means SwiGLU with RoPE and no biases, else GELU with learned positions and biases, unless
     the block says ``positions`` and ``bias``; any other plain activation, as Nemotron's
     squared ReLU, is costed as GELU's one elementwise pass; ``dropout`` where it trains with
-    some)."""
+    some; ``qk_layernorm`` where queries and keys are normalized per head, as Qwen3's)."""
     if _shipped(m):
         mtp = int(m.get("mtp_layers") or 0)
         if not mtp:
@@ -129,7 +129,7 @@ def model_of(m: dict[str, Any], seq: int) -> Model:
         top_k=int(m.get("top_k") or 2), moe_ffn=m.get("expert_ffn_hidden"),
         shared_ffn=int(m.get("shared_expert_ffn_hidden") or 0), sliding_window=_window(m),
         dropout=bool(m.get("dropout")),
-        global_every=int(m.get("global_every") or 0))
+        global_every=int(m.get("global_every") or 0), qk_norm=bool(m.get("qk_layernorm")))
     return build_transformer(cfg)
 
 

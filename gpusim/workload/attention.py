@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpusim.workload.layers import Layer
+from gpusim.workload.layers import Elementwise, Layer, rms_norm
 from gpusim.workload.numerics import Numerics
 from gpusim.workload.ops import (
     DTYPE_BYTES,
@@ -21,6 +21,67 @@ from gpusim.workload.ops import (
 # see gpusim.calibrate.groups); the elementwise passes over the scores (scale, mask, dropout)
 # do not, and keep the plain rate.
 UNFUSED_ATTENTION = "unfused_attention"
+
+# How a framework applies rotary position embeddings (a stack's ``rope`` choice), as the
+# kernels it runs on each of the queries and keys, each way: (name, bytes read, bytes
+# written) per rotated element, for activations of ``a`` bytes.
+#  fused: one kernel each way (Transformer Engine's fused_apply_rotary_pos_emb, or the one
+#    TorchInductor generates), reading the tensor and writing the result.
+#  complex: Meta's Llama and torchtitan's apply_rotary_emb: x.float() viewed as complex
+#    pairs, multiplied by freqs_cis (complex64), viewed back as real and cast back with
+#    type_as; backward runs the same three (the casts' gradients are casts, the product's a
+#    product by the conjugate). On fp32 activations the casts do nothing.
+#  rotate_half: Hugging Face's apply_rotary_pos_emb, q * cos + rotate_half(q) * sin with
+#    rotate_half(x) = cat(-x2, x1) over the head's halves, in the activations' type (cos
+#    and sin cast to it). Backward: the two products' gradients, the negation's, and each
+#    half-slice's (slice_backward: a zeroed full-size tensor, then the half copied in),
+#    the three gradients of x summed by autograd (two adds).
+#  real_pairs: torchtune's RotaryPositionalEmbeddings, the complex product written on real
+#    (even, odd) pairs in fp32: x.float(), four products of half the elements, a sub and
+#    an add, torch.stack of the two halves, type_as back. Backward: the cast, the sub's
+#    negation, the four products, each of the four selects' zeroed tensor and copy, three
+#    adds summing the gradient of x, the cast back.
+ROPE_IMPLEMENTATIONS = ("fused", "complex", "rotate_half", "real_pairs")
+
+
+def rope_kernels(impl: str, a: float, backward: bool) -> list[tuple[str, float, float]]:
+    """The kernels ``impl`` runs on one rotated tensor (ROPE_IMPLEMENTATIONS)."""
+    f = float(DTYPE_BYTES["fp32"])
+    if impl == "fused":
+        return [("rope_bwd" if backward else "rope", a, a)]
+    if impl == "complex":
+        suffix = "_bwd" if backward else ""
+        mul = [(f"rope_complex_mul{suffix}", f, f)]
+        if a >= f:
+            return mul
+        return [(f"rope_upcast{suffix}", a, f), *mul, (f"rope_cast_back{suffix}", f, a)]
+    if impl == "rotate_half":
+        if not backward:
+            return [("rope_mul_cos", a, a), ("rope_neg", a / 2, a / 2), ("rope_cat", a, a),
+                    ("rope_mul_sin", a, a), ("rope_add", 2 * a, a)]
+        return [("rope_mul_cos_bwd", a, a), ("rope_mul_sin_bwd", a, a),
+                ("rope_neg_bwd", a / 2, a / 2),
+                *[(name, reads, writes) for _ in range(2)
+                  for name, reads, writes in (("rope_slice_zeros", 0.0, a),
+                                              ("rope_slice_copy", a / 2, a / 2))],
+                ("rope_grad_add", 2 * a, a), ("rope_grad_add", 2 * a, a)]
+    if impl == "real_pairs":
+        casts = a < f
+        if not backward:
+            return [*([("rope_upcast", a, f)] if casts else []),
+                    *[("rope_pair_mul", f / 2, f / 2)] * 4, ("rope_pair_sub", f, f / 2),
+                    ("rope_pair_add", f, f / 2), ("rope_stack", f, f),
+                    *([("rope_cast_back", f, a)] if casts else [])]
+        return [*([("rope_upcast_bwd", a, f)] if casts else []),
+                ("rope_pair_neg_bwd", f / 2, f / 2),
+                *[("rope_pair_mul_bwd", f / 2, f / 2)] * 4,
+                *[(name, reads, writes) for _ in range(4)
+                  for name, reads, writes in (("rope_select_zeros", 0.0, f),
+                                              ("rope_select_copy", f / 2, f / 2))],
+                *[("rope_grad_add", 2 * f, f)] * 3,
+                *([("rope_cast_back_bwd", f, a)] if casts else [])]
+    raise ValueError(f"unknown rotary embedding implementation {impl!r}; "
+                     f"known: {', '.join(ROPE_IMPLEMENTATIONS)}")
 
 
 def fused_math(num: Numerics) -> str:
@@ -78,6 +139,48 @@ class Attention(Layer):
     # (the addition's is the incoming gradient itself). False: PyTorch's math SDPA, which
     # scales Q and K instead, with no mask.
     scale_and_mask: bool = False
+    # Rotary position embeddings on the queries and keys before the kernel: the dimensions
+    # of each head they rotate (0: none), how the framework applies them (``rope``, one of
+    # ROPE_IMPLEMENTATIONS), and whether the keys' rotary part is one head that every head
+    # shares (DeepSeek's multi-head latent attention, whose k_pe is a single head).
+    rotary_dim: int = 0
+    rope: str = "rotate_half"
+    rotary_shared_key: bool = False
+    # Queries and keys RMS-normalized per head over head_dim before the rotary embedding
+    # (Qwen3's q_norm and k_norm), written as the stack writes its RMS norms
+    # (``qk_norm_upcast``: Elementwise.upcast, "" for a fused kernel).
+    qk_norm: bool = False
+    qk_norm_upcast: str = ""
+
+    @property
+    def params(self) -> int:
+        return 2 * self.head_dim if self.qk_norm else 0
+
+    def tensor_sizes(self) -> list[int]:
+        return [self.head_dim, self.head_dim] if self.qk_norm else []
+
+    def _qk_norms(self) -> list[Elementwise]:
+        """The per-head norms of the queries and of the keys (none without QK-norm)."""
+        if not self.qk_norm:
+            return []
+        return [replace(rms_norm(f"{self.name}.{which}_norm", self.head_dim,
+                                 self.seq * heads), upcast=self.qk_norm_upcast)
+                for which, heads in (("q", self.heads), ("k", self._groups))]
+
+    def _rope(self, n: int, num: Numerics, backward: bool) -> list[Op]:
+        """The rotary embedding's kernels on the queries, then the keys (as projected,
+        before any repeat to every head)."""
+        if not self.rotary_dim:
+            return []
+        keys = 1 if self.rotary_shared_key else self._groups
+        ops = []
+        for which, heads in (("q", self.heads), ("k", keys)):
+            e = n * self.seq * heads * self.rotary_dim
+            ops += [memory_op(f"{self.name}.{which}_{name}", e * reads, e * writes, 1, 0,
+                              layer=self.name)
+                    for name, reads, writes in rope_kernels(self.rope, num.act_bytes,
+                                                            backward)]
+        return ops
 
     @property
     def _kv(self) -> int:
@@ -162,7 +265,9 @@ class Attention(Layer):
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
         out = n * self.out_elements
-        ops = self._repeat_kv(n, num, backward=False)
+        ops = [op for norm in self._qk_norms() for op in norm.forward(n, num)]
+        ops += self._rope(n, num, backward=False)
+        ops += self._repeat_kv(n, num, backward=False)
         if self.fused:
             ops += [Op(f"{self.name}.flash_fwd", "attention", self._fused_flops(n),
                       self._qkvo_elements(n) * num.act_bytes, fused_math(num),
@@ -246,6 +351,8 @@ class Attention(Layer):
         if self.fused and self.cp_steps > 1:
             ops += self._ring_backward(n, num)
         ops += self._repeat_kv(n, num, backward=True)
+        ops += self._rope(n, num, backward=True)
+        ops += [op for norm in self._qk_norms() for op in norm.backward_input(n, num)]
         return self._tag([*ops, self._qkv_grad_pack(n, num)])
 
     def io_bytes(self, n: int, num: Numerics) -> float:
@@ -254,7 +361,9 @@ class Attention(Layer):
         return n * self.seq * self.head_dim * (self.heads + 2 * self._kv) * num.act_bytes
 
     def saved_bytes(self, n: int, num: Numerics) -> float:
-        saved = self.io_bytes(n, num)
+        # the QK norms keep their inputs (the rotary embedding keeps only its cos/sin table)
+        saved = self.io_bytes(n, num) + sum(norm.saved_bytes(n, num)
+                                            for norm in self._qk_norms())
         if not self.fused:
             scores = n * self.heads * self.seq**2
             # softmax's output, and with dropout its bool mask and the dropped probabilities

@@ -32,15 +32,14 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
     "llama": {},
     "mistral": {},
     "qwen2": {"qkv_bias": True},  # Qwen2 projects q, k and v with a bias, o without
-    "qwen3": {"note": "per-head q/k RMS norms not modelled"},
+    "qwen3": {"qk_norm": True},  # Qwen3Attention's q_norm and k_norm over each head
     "phi3": {},
     "gemma": {"tied": True},
     "gemma2": {"tied": True, "global_every": 2,
                "note": "post-attention and post-MLP norms and logit soft-capping not "
                        "modelled"},
-    "gemma3_text": {"tied": True, "global_every": "sliding_window_pattern",
-                    "note": "post-attention and post-MLP norms and per-head q/k norms not "
-                            "modelled"},
+    "gemma3_text": {"tied": True, "global_every": "sliding_window_pattern", "qk_norm": True,
+                    "note": "post-attention and post-MLP norms not modelled"},
     # mixtures of experts: every block's MLP replaced by routed experts
     "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
     "qwen2_moe": {"qkv_bias": True, "experts": "num_experts",
@@ -48,7 +47,7 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
                   "shared_ffn": "shared_expert_intermediate_size",
                   "note": "the shared expert's sigmoid gate not modelled"},
     "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
-                  "note": "per-head q/k RMS norms not modelled"},
+                  "qk_norm": True},
 }
 _OTHERS = ("gpt2", "gpt_neox", "gptj", "phi", "bert", "roberta")
 _VISION = ("vit", "clip_vision_model")  # image transformers: patches and a class token
@@ -122,6 +121,19 @@ class _Fields:
                 raise InvalidModel(f"{self.source}: {key} must be a positive integer, "
                                    f"not {value!r}")
             return value
+        return default
+
+    def fraction(self, *keys: str, default: float) -> float:
+        """A number in (0, 1], the first of ``keys`` given."""
+        for key in keys:
+            value = self.data.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value <= 1:
+                raise InvalidModel(f"{self.source}: {key} must be a number in (0, 1], "
+                                   f"not {value!r}")
+            return float(value)
         return default
 
     def need(self, *keys: str) -> int:
@@ -311,6 +323,7 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
             tied_embeddings=f.flag("tie_word_embeddings", family.get("tied", False)),
             bias=f.flag("attention_bias", False) or f.flag("mlp_bias", False),
             qkv_bias=f.flag("attention_bias", family.get("qkv_bias", False)),
+            qk_norm=family.get("qk_norm", False),
         )
         note = family.get("note", "")
         if "experts" in family:
@@ -340,15 +353,20 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
             vocab=f.need("vocab_size"), norm="layernorm", positions="rotary",
             activation=_activation(f.text("hidden_act", default="gelu"), False, source),
             tied_embeddings=f.flag("tie_word_embeddings", False), bias=True,
-            parallel_residual=f.flag("use_parallel_residual", True))
+            parallel_residual=f.flag("use_parallel_residual", True),
+            rotary_fraction=f.fraction("rotary_pct", default=0.25))
         note = ""
     elif kind in ("gptj", "phi"):
         # GPTJBlock and PhiDecoderLayer: one norm, attention and MLP on its output in
-        # parallel, both added to the block input; rotary on part of each head (cost alike)
+        # parallel, both added to the block input; rotary on part of each head (GPT-J's
+        # rotary_dim of 64 dimensions, Phi's partial_rotary_factor of 0.5)
         hidden = f.need("n_embd", "hidden_size")
+        heads = f.need("n_head", "num_attention_heads")
+        rotary = f.fraction("partial_rotary_factor", default=0.5) if kind == "phi" else \
+            min(1.0, (f.count("rotary_dim") or 64) * heads / hidden)
         fields.update(
-            layers=f.need("n_layer", "num_hidden_layers"), hidden=hidden,
-            heads=f.need("n_head", "num_attention_heads"),
+            layers=f.need("n_layer", "num_hidden_layers"), hidden=hidden, heads=heads,
+            rotary_fraction=rotary,
             kv_heads=f.count("num_key_value_heads"),
             ffn_hidden=f.count("n_inner", "intermediate_size", default=4 * hidden),
             vocab=f.need("vocab_size"), norm="layernorm", positions="rotary",
@@ -356,7 +374,7 @@ def transformer_from_hf(data: dict[str, Any], source: str, name: str | None = No
                                           default="gelu_new"), False, source),
             tied_embeddings=f.flag("tie_word_embeddings", False), bias=True,
             parallel_residual=True, shared_norm=True)
-        note = "the head's bias and partial rotary embedding are costed as the others'"
+        note = "the head's bias is costed as the others'"
     elif kind in _VISION:
         labels = data.get("id2label")
         classes = len(labels) if isinstance(labels, dict) and len(labels) > 2 else 1000

@@ -58,8 +58,15 @@ class TransformerConfig(BaseModel):
     activation: Literal["gelu", "swiglu", "geglu"] = Field(
         "gelu", description="MLP: plain GELU, or gated (SwiGLU's silu(a) * b, GeGLU's "
                             "gelu(a) * b; both costed as the gated product's kernel)")
-    positions: Literal["learned", "rotary"] = "learned"
+    # learned: a position table added to the token embedding; rotary: rotary embeddings on
+    # the queries and keys in every block; none: no position encoding (NoPE)
+    positions: Literal["learned", "rotary", "none"] = "learned"
     max_positions: PosInt | None = Field(None, description="learned position table size")
+    # rotary embeddings on this fraction of each head's dimensions (GPT-NeoX and Phi rotate
+    # part of the head: rotary_pct, partial_rotary_factor)
+    rotary_fraction: float = Field(1.0, gt=0, le=1)
+    # queries and keys RMS-normalized per head before the rotary embedding (Qwen3, OLMo 2)
+    qk_norm: bool = False
     tied_embeddings: bool = True
     bias: bool = True
     qkv_bias: bool | None = Field(None, description="the q, k, v projection's bias, when it "
@@ -169,7 +176,8 @@ def _mla(cfg: TransformerConfig, b: str, s: int, norm: Callable[..., Layer]) -> 
         Linear(f"{b}.attn.kv_up", cfg.kv_lora_rank,
                heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), s, False, block=b, tp="column"),
         Attention(f"{b}.attn.core", heads, (qk + cfg.v_head_dim) // 2, s, heads,
-                  causal=True, fused=cfg.fused_attention, block=b, tp="sharded"),
+                  causal=True, fused=cfg.fused_attention, block=b, tp="sharded",
+                  rotary_dim=cfg.qk_rope_head_dim, rotary_shared_key=True),
         Linear(f"{b}.attn.proj", heads * cfg.v_head_dim, h, s, False, block=b, tp="row"),
     ]
 
@@ -200,6 +208,7 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
     if cfg.dropout:
         layers.append(_split(dropout("embed.dropout", s * h, block="embed"), "sequence"))
 
+    rotary_dim = round(hd * cfg.rotary_fraction) if cfg.positions == "rotary" else 0
     for i in range(cfg.layers):
         b = f"h.{i}"
         # GPT, Llama and ViT normalize before each sublayer, BERT after
@@ -209,7 +218,8 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
                    cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, block=b, tp="column"),
             Attention(f"{b}.attn.core", cfg.heads, hd, s, kv, causal=cfg.kind == "decoder",
                       fused=cfg.fused_attention, dropout=cfg.dropout, block=b, tp="sharded",
-                      scale_and_mask=cfg.scale_and_mask and not cfg.fused_attention),
+                      scale_and_mask=cfg.scale_and_mask and not cfg.fused_attention,
+                      rotary_dim=rotary_dim, qk_norm=cfg.qk_norm),
             Linear(f"{b}.attn.proj", cfg.heads * hd, h, s, cfg.bias, block=b, tp="row"),
         ]
         if cfg.sliding_window and not (cfg.global_every and (i + 1) % cfg.global_every == 0):
