@@ -530,3 +530,27 @@ def test_megatron_moe_steps_pay_their_per_expert_launches_and_syncs() -> None:
                                      precision="bf16", stack=s).step
            for s in (unsynced, megatron)}
     assert one["always"].step_time_s > one["never"].step_time_s
+
+
+def test_an_all_to_alls_tokens_are_sorted_by_local_expert_and_back() -> None:
+    """Over a plain all-to-all the copies a rank receives come grouped by sending rank;
+    with several local experts they are sorted by expert before the experts' products and
+    back after (Megatron-LM's permutation 2, torchtitan's _permute): a pass over them each
+    way, in forward and backward. DeepEP and HybridEP hand tokens over per token, one local
+    permute groups them; a rank of one expert needs no sort."""
+    from gpusim.plan.expert_parallel import hold_experts
+    moe = MoE("m", 2048, 768, 128, 8, rows=4096)
+    a2a = hold_experts(moe, 16)
+    sorts = [o for o in a2a.forward(1, BF16) + a2a.backward_input(1, BF16)
+             if "sort" in o.name]
+    assert [o.name.split(".")[-1] for o in sorts] == [
+        "sort_by_expert", "unsort", "unsort_bwd", "sort_by_expert_bwd"]
+    assert all(o.bytes == 2 * 4096 * 8 * 2048 * 2 for o in sorts)
+    assert not hold_experts(moe, 16, all_to_all=False).sorts_by_expert
+    assert not hold_experts(moe, 128).sorts_by_expert  # one expert a rank
+    assert not hold_experts(moe, 1).sorts_by_expert
+    # on a whole job the sort sits in the alltoall plan and not in the DeepEP one
+    base: dict[str, Any] = {"model": _small_moe(), "gpu": "h100-sxm", "batch_size": 8,
+                            "precision": "bf16", "num_gpus": 8, "ep": 4}
+    steps = {d: estimate(**base, ep_dispatcher=d).step for d in ("alltoall", "deepep")}
+    assert steps["alltoall"].breakdown_s["forward"] > steps["deepep"].breakdown_s["forward"]

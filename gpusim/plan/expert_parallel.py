@@ -30,11 +30,14 @@ def check_experts(model: Model, expert: int) -> None:
                             f"not split over EP {expert}; pick an EP that divides them")
 
 
-def hold_experts(layer: Layer, expert: int) -> Layer:
-    """The part of ``layer`` one expert-parallel rank holds."""
+def hold_experts(layer: Layer, expert: int, all_to_all: bool = True) -> Layer:
+    """The part of ``layer`` one expert-parallel rank holds. Over a plain all-to-all
+    (``all_to_all``; not DeepEP's or HybridEP's per-token dispatch) the tokens it brings,
+    arranged by sending rank, are sorted by local expert where a rank holds several."""
     if expert == 1 or not isinstance(layer, MoE):
         return layer
-    return replace(layer, local_experts=layer.experts // expert)
+    local = layer.experts // expert
+    return replace(layer, local_experts=local, sorts_by_expert=all_to_all and local > 1)
 
 
 def fold_experts(layer: Layer, tensor: int, expert_tensor: int) -> Layer:

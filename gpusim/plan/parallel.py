@@ -32,7 +32,7 @@ from gpusim.plan.context_parallel import split_sequence
 from gpusim.plan.expert_parallel import expert_share, fold_experts, hold_experts
 from gpusim.plan.offload import offload_seconds
 from gpusim.plan.optimizer_step import optimizer_ops, parameter_tensors
-from gpusim.plan.parallel_job import ParallelConfig, ParallelJob
+from gpusim.plan.parallel_job import DEDUP_DISPATCHERS, ParallelConfig, ParallelJob
 from gpusim.plan.pass_cost import expert_group
 from gpusim.plan.tensor_parallel import pad_vocab, shard_layer
 from gpusim.workload.layers import Layer, Linear
@@ -100,7 +100,7 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
     p = job.parallel
     cache = {} if cache is None else cache
     key = ("sharded", p.tensor, p.expert_tensor, p.sequence_parallel, p.context, p.expert,
-           p.pipeline > 1)
+           p.ep_dispatcher in DEDUP_DISPATCHERS, p.pipeline > 1)
     if key not in cache:
         lead, body, tail = job.model.partition()
         if p.pipeline > 1:
@@ -114,10 +114,12 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
 
         multiple = job.whole.framework.vocab_multiple * p.tensor
 
+        all_to_all = p.ep_dispatcher not in DEDUP_DISPATCHERS
+
         def shard(layers: list[Layer]) -> list[Layer]:
             return [hold_experts(split_sequence(shard_layer(
                 fold_experts(pad_vocab(la, multiple), p.tensor, p.expert_tensor), p.tensor,
-                p.sequence_parallel), p.context), p.expert) for la in layers]
+                p.sequence_parallel), p.context), p.expert, all_to_all) for la in layers]
 
         cache[key] = (shard(lead), [shard(block) for block in body], shard(tail))
     lead, body, tail = cache[key]
@@ -141,8 +143,8 @@ def _split(job: ParallelJob, cache: dict[Any, Any]
     equal layers, equal numbers, so that chunks of the same shape share one costing) and its
     layout. All come from ``cache`` when a job of the same split was planned before."""
     p = job.parallel
-    key = ("split", p.tensor, p.sequence_parallel, p.context, p.expert, p.pipeline,
-           p.virtual_stages, p.stage_blocks)
+    key = ("split", p.tensor, p.sequence_parallel, p.context, p.expert,
+           p.ep_dispatcher in DEDUP_DISPATCHERS, p.pipeline, p.virtual_stages, p.stage_blocks)
     if key not in cache:
         chunks, parts = _chunk_layers(job, cache)
         ids: dict[Layer, int] = cache.setdefault(("layer ids",), {})

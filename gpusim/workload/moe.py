@@ -60,6 +60,13 @@ class MoE(Layer):
     # When the host reads the tokens per expert back (split sizes for the all-to-all, or
     # for per-expert products): HostSync
     host_sync: HostSync = "never"
+    # Whether the token copies an all-to-all brings, arranged by the rank that sent them,
+    # are sorted by local expert before the experts and back after: one pass each way over
+    # them in forward and in backward (Megatron-LM's "permutation 2", token_dispatcher.py
+    # sort_chunks_by_idxs @d98e8a64dd; torchtitan's _permute and _unpermute, models/common/
+    # token_dispatcher.py @b5bcd76c66). DeepEP and HybridEP hand tokens over per token, and
+    # the local permute (``permute``) groups them.
+    sorts_by_expert: bool = False
 
     @property
     def held(self) -> int:
@@ -150,6 +157,14 @@ class MoE(Layer):
         return gemm_op(f"{self.name}.{tag}", GemmShape(m, out, inner, layout=layout),
                        math, num.act_bytes)
 
+    def _sorted(self, tag: str, copies: int, act: int) -> list[Op]:
+        """One pass over the token copies reordering them between rank-major and
+        expert-major (``sorts_by_expert``; nothing otherwise)."""
+        if not self.sorts_by_expert:
+            return []
+        return [memory_op(f"{self.name}.{tag}", copies * self.hidden, copies * self.hidden,
+                          act, 0)]
+
     def _quantized(self, tag: str, elements: float, num: Numerics) -> list[Op]:
         """An fp8 product's operand quantized first (nothing outside fp8 training), expert
         by expert where the experts' products run so."""
@@ -171,6 +186,7 @@ class MoE(Layer):
                       DTYPE_BYTES["fp32"], 5),
             replace(memory_op(f"{self.name}.permute", e * h, e * h, a, 0),
                     syncs=self.syncs_host),
+            *self._sorted("sort_by_expert", e, a),
             *q("experts_up.x", e * h, num), *q("experts_up.w", held * self._up * h, num),
             self._expert("experts_up", n, self._up, h, "nt", num),
             memory_op(f"{self.name}.act", (2 if self.gated else 1) * e * self.ffn,
@@ -178,6 +194,7 @@ class MoE(Layer):
             *q("experts_down.x", e * self.ffn, num),
             *q("experts_down.w", held * h * self.ffn, num),
             self._expert("experts_down", n, h, self.ffn, "nt", num),
+            *self._sorted("unsort", e, a),
             # each copy scaled by its routing weight and summed back into its token
             memory_op(f"{self.name}.unpermute", e * h, t * h, a, 2),
         ]
@@ -197,11 +214,13 @@ class MoE(Layer):
         q = self._quantized
         ops = [
             memory_op(f"{self.name}.unpermute_bwd", t * h + e * h, e * h, a, 2),
+            *self._sorted("unsort_bwd", e, a),
             *q("experts_down.dy", e * h, num),
             self._expert("experts_down_dgrad", n, self.ffn, h, "nn", num),
             memory_op(f"{self.name}.act_bwd", 3 * e * self.ffn, 2 * e * self.ffn, a, 12),
             *q("experts_up.dy", e * self._up, num),
             self._expert("experts_up_dgrad", n, h, self._up, "nn", num),
+            *self._sorted("sort_by_expert_bwd", e, a),
             memory_op(f"{self.name}.permute_bwd", e * h, t * h, a, 1),  # copies summed
             memory_op(f"{self.name}.topk_bwd", 2 * t * self.experts, t * self.experts,
                       DTYPE_BYTES["fp32"], 5),
