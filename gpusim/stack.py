@@ -128,6 +128,10 @@ class Stack(BaseModel):
     # (split sizes it needs as numbers), waiting for the device: never, with_ep (for the
     # all-to-all's splits), always. Cited in ``sources`` where set.
     moe_host_sync: HostSync = "never"
+    # whether a plain all-to-all dispatch sends each token copy's routing weight in an
+    # all-to-all of its own (forward and backward) rather than applying it where the copy
+    # came from. Cited in ``sources`` where set.
+    moe_dispatch_probs: bool = False
     # how the model's rotary position embeddings are applied to queries and keys
     # (gpusim.workload.attention.ROPE_IMPLEMENTATIONS): one fused kernel each way, the
     # complex product in fp32 of Meta's Llama, Hugging Face's rotate_half in 16 bits, or
@@ -149,7 +153,8 @@ class Stack(BaseModel):
             missing.append("sync_before_step")
         if self.fp8_experts and "fp8_experts" not in self.sources:
             missing.append("fp8_experts")
-        for field, default in (("expert_streams", 0), ("moe_host_sync", "never")):
+        for field, default in (("expert_streams", 0), ("moe_host_sync", "never"),
+                               ("moe_dispatch_probs", False)):
             if getattr(self, field) != default and field not in self.sources:
                 missing.append(field)
         if missing:
@@ -182,6 +187,8 @@ class Stack(BaseModel):
         if self.moe_host_sync != "never":
             when = "" if self.moe_host_sync == "always" else " under expert parallelism"
             parts.append(f"the host waiting for each MoE layer's tokens per expert{when}")
+        if self.moe_dispatch_probs:
+            parts.append("the routing weights sent in an all-to-all of their own")
         return "; ".join(parts)
 
     def describe(self) -> str:
@@ -303,7 +310,8 @@ def _layer(layer: Layer, stack: Stack) -> Layer:
         return replace(layer, saves=2 if fused or compiled else 3, generated=fused)
     if isinstance(layer, MoE):
         return replace(layer, expert_streams=stack.expert_streams,
-                       host_sync=stack.moe_host_sync)
+                       host_sync=stack.moe_host_sync,
+                       dispatches_probs=stack.moe_dispatch_probs)
     if isinstance(layer, Attention):
         # the QK norms are the stack's RMS norms; TorchInductor fuses each of them, and the
         # rotary embedding's chain, into one generated kernel each way

@@ -56,7 +56,7 @@ def test_each_expert_computes_its_share_of_the_routed_tokens() -> None:
     assert held_up.gemm is not None and held_up.gemm.batch == 2
     assert held_up.flops == pytest.approx(up.flops)
     assert held.expert_params * 4 == moe.expert_params
-    assert [c for c, _ in ep_collectives(held, "forward", 1, 2)] == ["all_to_all"] * 2
+    assert [c for c, _ in ep_collectives(held, "backward", 1, 2)] == ["all_to_all"] * 2
     assert ep_collectives(moe, "forward", 1, 2) == []  # every expert at home: no exchange
     # tensor parallelism splits every expert's hidden size
     split = shard_layer(moe, 2, False)
@@ -404,7 +404,7 @@ def test_deepep_sends_a_token_once_per_destination() -> None:
     chosen expert; DeepSeek-V3's group-limited routing bounds the nodes at 4 of 8."""
     moe = MoE("m", 7168, 2048, 256, 8, rows=4096, local_experts=4, groups=8,
               groups_per_token=4)
-    plain = ep_collectives(moe, "forward", 1, 2)[0][1]
+    plain = ep_collectives(moe, "backward", 1, 2)[0][1]
     assert plain == 4096 * 8 * 7168 * 2
     across = ep_collectives(moe, "forward", 1, 2, dedup_units=8)[0][1]
     assert across == pytest.approx(plain / 8 * 3.629, rel=1e-3)
@@ -554,3 +554,22 @@ def test_an_all_to_alls_tokens_are_sorted_by_local_expert_and_back() -> None:
                             "precision": "bf16", "num_gpus": 8, "ep": 4}
     steps = {d: estimate(**base, ep_dispatcher=d).step for d in ("alltoall", "deepep")}
     assert steps["alltoall"].breakdown_s["forward"] > steps["deepep"].breakdown_s["forward"]
+
+
+def test_a_plain_all_to_all_exchanges_counts_first_and_megatron_sends_weights_too() -> None:
+    """Before a plain all-to-all each rank learns every rank's tokens per expert (Megatron's
+    gather over the group, torchtitan's all-to-all of counts); Megatron-LM's dispatcher also
+    sends the routing weights in an all-to-all of their own, both ways. DeepEP's kernels
+    carry both."""
+    moe = MoE("m", 2048, 768, 128, 8, rows=4096, local_experts=8)
+    tokens = 4096 * 8 * 2048 * 2
+    assert ep_collectives(moe, "forward", 1, 2) == [
+        ("all_gather", 16 * 128 * 8), ("all_to_all", tokens), ("all_to_all", tokens)]
+    assert ep_collectives(moe, "backward", 1, 2) == [("all_to_all", tokens)] * 2
+    weights = replace(moe, dispatches_probs=True)
+    assert ep_collectives(weights, "forward", 1, 2)[2] == ("all_to_all", 4096 * 8 * 4)
+    assert len(ep_collectives(weights, "backward", 1, 2)) == 3
+    assert [c for c, _ in ep_collectives(weights, "forward", 1, 2, dedup_units=2)] == \
+        ["all_to_all"] * 2
+    assert load_stack("megatron").moe_dispatch_probs
+    assert not load_stack("torchtitan").moe_dispatch_probs

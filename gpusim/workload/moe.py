@@ -67,6 +67,9 @@ class MoE(Layer):
     # token_dispatcher.py @b5bcd76c66). DeepEP and HybridEP hand tokens over per token, and
     # the local permute (``permute``) groups them.
     sorts_by_expert: bool = False
+    # Whether a plain all-to-all dispatch sends each copy's routing weight in an all-to-all
+    # of its own, forward and backward (Megatron-LM's alltoall dispatcher)
+    dispatches_probs: bool = False
 
     @property
     def held(self) -> int:
@@ -301,6 +304,9 @@ def ep_collectives(layer: Layer, phase: str, n: int, act: int, dedup_units: int 
     rank sends and receives). Forward dispatches every token's copies to their experts'
     ranks and combines them back; backward does the same for their gradients.
 
+    A plain all-to-all also exchanges the tokens per expert first (forward), and the
+    routing weights where the stack sends them (``dispatches_probs``).
+
     ``dedup_units``: a dispatcher that sends a token once per destination unit (DeepEP: once
     per rank inside a node, once per node across nodes, forwarded over NVLink there) over
     that many units; the bytes are then the expected distinct destinations, as DeepEP's own
@@ -316,4 +322,17 @@ def ep_collectives(layer: Layer, phase: str, n: int, act: int, dedup_units: int 
         copies = min(copies, expected_destinations(dedup_units, layer.experts, layer.top_k,
                                                    reachable))
     size = float(layer._routed(n) / layer.top_k * copies * layer.hidden * act)
-    return [("all_to_all", size), ("all_to_all", size)]
+    if dedup_units > 1:  # DeepEP's kernels carry the weights and the layout themselves
+        return [("all_to_all", size), ("all_to_all", size)]
+    # Over a plain all-to-all the weights go in one of their own where the stack sends
+    # them (fp32, Megatron-LM's token_dispatch), and forward first exchanges every rank's
+    # tokens per expert (int64) to size the all-to-alls: Megatron-LM gathers them over the
+    # group (MoEAlltoAllTokenDispatcher.preprocess), torchtitan sends them all-to-all
+    # (_token_count_exchange); backward has nothing to count.
+    probs: list[tuple[Collective, float]] = (
+        [("all_to_all", float(layer._routed(n) * DTYPE_BYTES["fp32"]))]
+        if layer.dispatches_probs else [])
+    if phase == "backward":
+        return [("all_to_all", size), *probs, ("all_to_all", size)]
+    counts = float(layer.ep * layer.experts * DTYPE_BYTES["int64"])
+    return [("all_gather", counts), ("all_to_all", size), *probs, ("all_to_all", size)]
