@@ -136,6 +136,12 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
                    "overlapped too)" if p.ep_overlap else
                    "expert-parallel all-to-alls (dispatch and combine) on the critical path "
                    "(--ep-overlap runs them beside another microbatch's compute)")
+        out.append("routing balanced over the expert-parallel ranks (--moe-imbalance 1, as "
+                   "forced load balancing gives; dropless runs with learned routing load "
+                   "some ranks more and run slower)" if p.moe_imbalance == 1.0 else
+                   f"the busiest expert-parallel rank computes {p.moe_imbalance:g}x the mean "
+                   f"token copies and receives as many bytes; every rank waits for it at "
+                   f"each all-to-all (--moe-imbalance)")
     beside = ("data-parallel collective or overlapped expert-parallel all-to-all"
               if p.ep_overlap else "data-parallel collective")
     if comm_slowdown is None:

@@ -573,3 +573,35 @@ def test_a_plain_all_to_all_exchanges_counts_first_and_megatron_sends_weights_to
         ["all_to_all"] * 2
     assert load_stack("megatron").moe_dispatch_probs
     assert not load_stack("torchtitan").moe_dispatch_probs
+
+
+def test_the_busiest_expert_parallel_rank_sets_the_pace() -> None:
+    """--moe-imbalance F: the busiest EP rank's experts compute F x the mean token copies
+    and its all-to-alls carry as many; the copies a rank routes out (permute, unpermute)
+    stay its own. F runs from 1 (balanced) to the EP size."""
+    from gpusim.plan.expert_parallel import hold_experts
+    moe = MoE("m", 2048, 768, 128, 8, rows=4096)
+    even, busy = hold_experts(moe, 16), hold_experts(moe, 16, imbalance=1.25)
+
+    def named(layer: MoE, suffix: str) -> Any:
+        return next(o for o in layer.forward(1, BF16) if o.name.endswith(suffix))
+
+    assert named(busy, "experts_up").flops == pytest.approx(1.25 * named(even, "experts_up").flops)
+    assert named(busy, "permute").bytes == named(even, "permute").bytes
+    assert ep_collectives(busy, "backward", 1, 2)[0][1] == \
+        pytest.approx(1.25 * ep_collectives(even, "backward", 1, 2)[0][1])
+    assert busy.saved_bytes(1, BF16) > even.saved_bytes(1, BF16)
+    # an uneven token count per expert keeps the products' stored rows aligned
+    wgrad = next(o for o in busy.backward_weight(1, BF16) if o.name.endswith("up_wgrad"))
+    assert wgrad.gemm is not None and wgrad.gemm.aligned(2)
+    base: dict[str, Any] = {"model": _small_moe(), "gpu": "h100-sxm", "batch_size": 8,
+                            "precision": "bf16", "num_gpus": 8, "ep": 8}
+    balanced, loaded = estimate(**base), estimate(**base, moe_imbalance=1.5)
+    # (this small model's step waits on its host; its device passes grow)
+    assert loaded.step.breakdown_s["forward"] > balanced.step.breakdown_s["forward"]
+    assert any("--moe-imbalance 1" in a for a in balanced.assumptions)
+    assert any("1.5x the mean" in a for a in loaded.assumptions)
+    with pytest.raises(InvalidConfig, match="moe-imbalance"):
+        estimate(**base, moe_imbalance=0.9)
+    with pytest.raises(InvalidConfig, match="EP size 8"):
+        estimate(**base, moe_imbalance=9)

@@ -146,6 +146,7 @@ def _job_options(args: argparse.Namespace) -> dict[str, Any]:
         "shard_group": args.shard_group or 0,
         "sequence_parallel": args.sequence_parallel, "tp_overlap": args.tp_overlap,
         "ep_overlap": args.ep_overlap, "ep_dispatcher": args.ep_dispatcher,
+        "moe_imbalance": args.moe_imbalance,
         "overlap_grad_reduce": not args.no_overlap_grad_reduce,
         "bf16_grads": args.grad_reduce_in_bf16, "bf16_states": args.bf16_optimizer_states,
         "max_batch": args.max_batch,

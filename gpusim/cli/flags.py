@@ -207,6 +207,11 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                       help="run expert-parallel all-to-alls beside another microbatch's "
                            "compute (Megatron-LM's --overlap-moe-expert-parallel-comm; needs "
                            "--ep > 1)")
+    many.add_argument("--moe-imbalance", type=float, default=1.0, metavar="F",
+                      help="the busiest expert-parallel rank's tokens over the mean "
+                           "(default 1: balanced routing, as forced load balancing gives; "
+                           "dropless runs with learned routing load some ranks more, and "
+                           "every rank waits for the busiest at each all-to-all)")
     many.add_argument("--ep-dispatcher", choices=("alltoall", "deepep", "hybridep"),
                       default="alltoall",
                       help="how tokens reach their experts: alltoall (a copy per chosen "

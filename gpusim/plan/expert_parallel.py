@@ -30,14 +30,17 @@ def check_experts(model: Model, expert: int) -> None:
                             f"not split over EP {expert}; pick an EP that divides them")
 
 
-def hold_experts(layer: Layer, expert: int, all_to_all: bool = True) -> Layer:
-    """The part of ``layer`` one expert-parallel rank holds. Over a plain all-to-all
+def hold_experts(layer: Layer, expert: int, all_to_all: bool = True,
+                 imbalance: float = 1.0) -> Layer:
+    """The part of ``layer`` one expert-parallel rank holds, as the busiest rank holds it
+    (``imbalance``: its token copies over the mean). Over a plain all-to-all
     (``all_to_all``; not DeepEP's or HybridEP's per-token dispatch) the tokens it brings,
     arranged by sending rank, are sorted by local expert where a rank holds several."""
     if expert == 1 or not isinstance(layer, MoE):
         return layer
     local = layer.experts // expert
-    return replace(layer, local_experts=local, sorts_by_expert=all_to_all and local > 1)
+    return replace(layer, local_experts=local, sorts_by_expert=all_to_all and local > 1,
+                   imbalance=imbalance)
 
 
 def fold_experts(layer: Layer, tensor: int, expert_tensor: int) -> Layer:

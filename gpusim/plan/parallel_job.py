@@ -89,6 +89,9 @@ class ParallelConfig:
     # hybridep), hierarchical the same way (its docs: RDMA across nodes, NVLink inside),
     # costed alike
     ep_dispatcher: str = "alltoall"
+    # The busiest expert-parallel rank's token copies over the mean (--moe-imbalance; 1:
+    # balanced routing, as forced load balancing gives)
+    moe_imbalance: float = 1.0
 
     @property
     def shard_ranks(self) -> int:
@@ -156,6 +159,11 @@ class ParallelConfig:
         if self.ep_dispatcher not in EP_DISPATCHERS:
             raise InvalidConfig(f"unknown expert-parallel dispatcher {self.ep_dispatcher!r}; "
                                 f"use one of {', '.join(EP_DISPATCHERS)}")
+        if not 1.0 <= self.moe_imbalance <= self.expert:
+            raise InvalidConfig(f"--moe-imbalance is the busiest expert-parallel rank's tokens "
+                                f"over the mean: from 1 (balanced) to the EP size "
+                                f"{self.expert} (every token on one rank); got "
+                                f"{self.moe_imbalance:g}")
         if self.ep_overlap and self.expert == 1:
             raise InvalidConfig("--ep-overlap overlaps expert-parallel all-to-alls: it needs "
                                 "--ep > 1 (and a mixture-of-experts model)")
@@ -216,6 +224,8 @@ class ParallelConfig:
             text += ", EP all-to-alls overlapped"
         if self.expert > 1 and self.ep_dispatcher != "alltoall":
             text += f", {self.ep_dispatcher} dispatch"
+        if self.expert > 1 and self.moe_imbalance != 1.0:
+            text += f", busiest EP rank at {self.moe_imbalance:g}x the mean tokens"
         return text
 
 

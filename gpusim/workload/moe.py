@@ -70,6 +70,10 @@ class MoE(Layer):
     # Whether a plain all-to-all dispatch sends each copy's routing weight in an all-to-all
     # of its own, forward and backward (Megatron-LM's alltoall dispatcher)
     dispatches_probs: bool = False
+    # Under expert parallelism, the token copies the busiest rank's experts compute over the
+    # mean (1: balanced routing). Every rank waits for it at each all-to-all, so its expert
+    # work and the bytes it receives set the pace; --moe-imbalance
+    imbalance: float = 1.0
 
     @property
     def held(self) -> int:
@@ -129,14 +133,22 @@ class MoE(Layer):
         """Whether the forward pass waits for the device to read its token counts."""
         return self.host_sync == "always" or (self.host_sync == "with_ep" and self.ep > 1)
 
-    def _routed(self, n: int) -> int:
-        """Token copies this rank's experts compute (every rank's, routed to them)."""
+    def _sent(self, n: int) -> int:
+        """Token copies this rank routes (its own tokens times top_k)."""
         return n * self.rows * self.top_k
+
+    def _routed(self, n: int) -> int:
+        """Token copies this rank's experts compute (every rank's, routed to them): the
+        mean, or the busiest rank's under ``imbalance``."""
+        copies = self._sent(n)
+        return math.ceil(copies * self.imbalance) if self.ep > 1 else copies
 
     def _expert(self, tag: str, n: int, out: int, inner: int, layout: str,
                 num: Numerics) -> Op:
         per_expert = max(1, self._routed(n) // self.held)
-        shape = GemmShape(per_expert, out, inner, batch=self.held, layout=layout)
+        # the stored rows are the hidden sizes, whatever an expert's token count
+        shape = GemmShape(per_expert, out, inner, batch=self.held, layout=layout,
+                          row_lengths=(inner, out))
         return self._per_expert(gemm_op(f"{self.name}.{tag}", shape, num.matmul,
                                         num.act_bytes))
 
@@ -178,7 +190,7 @@ class MoE(Layer):
                 else ops)
 
     def forward(self, n: int, num: Numerics) -> list[Op]:
-        t, h, e = n * self.rows, self.hidden, self._routed(n)
+        t, h, e, sent = n * self.rows, self.hidden, self._routed(n), self._sent(n)
         a = num.act_bytes
         q = self._quantized
         held = self.held
@@ -187,7 +199,7 @@ class MoE(Layer):
             # softmax over the experts and top-k, in fp32: scores in, weights and indices out
             memory_op(f"{self.name}.topk", t * self.experts, 2 * t * self.top_k,
                       DTYPE_BYTES["fp32"], 5),
-            replace(memory_op(f"{self.name}.permute", e * h, e * h, a, 0),
+            replace(memory_op(f"{self.name}.permute", sent * h, sent * h, a, 0),
                     syncs=self.syncs_host),
             *self._sorted("sort_by_expert", e, a),
             *q("experts_up.x", e * h, num), *q("experts_up.w", held * self._up * h, num),
@@ -199,7 +211,7 @@ class MoE(Layer):
             self._expert("experts_down", n, h, self.ffn, "nt", num),
             *self._sorted("unsort", e, a),
             # each copy scaled by its routing weight and summed back into its token
-            memory_op(f"{self.name}.unpermute", e * h, t * h, a, 2),
+            memory_op(f"{self.name}.unpermute", sent * h, t * h, a, 2),
         ]
         if self.shared_ffn:
             up, ffn = self._shared_up, self.shared_ffn
@@ -212,11 +224,11 @@ class MoE(Layer):
         return self._tag(ops)
 
     def backward_input(self, n: int, num: Numerics) -> list[Op]:
-        t, h, e = n * self.rows, self.hidden, self._routed(n)
+        t, h, e, sent = n * self.rows, self.hidden, self._routed(n), self._sent(n)
         a = num.act_bytes
         q = self._quantized
         ops = [
-            memory_op(f"{self.name}.unpermute_bwd", t * h + e * h, e * h, a, 2),
+            memory_op(f"{self.name}.unpermute_bwd", t * h + sent * h, sent * h, a, 2),
             *self._sorted("unsort_bwd", e, a),
             *q("experts_down.dy", e * h, num),
             self._expert("experts_down_dgrad", n, self.ffn, h, "nn", num),
@@ -224,7 +236,7 @@ class MoE(Layer):
             *q("experts_up.dy", e * self._up, num),
             self._expert("experts_up_dgrad", n, h, self._up, "nn", num),
             *self._sorted("sort_by_expert_bwd", e, a),
-            memory_op(f"{self.name}.permute_bwd", e * h, t * h, a, 1),  # copies summed
+            memory_op(f"{self.name}.permute_bwd", sent * h, t * h, a, 1),  # copies summed
             memory_op(f"{self.name}.topk_bwd", 2 * t * self.experts, t * self.experts,
                       DTYPE_BYTES["fp32"], 5),
             self._router("router_dgrad", t, h, self.experts, "nn", num),
@@ -243,7 +255,8 @@ class MoE(Layer):
         per_expert = max(1, self._routed(n) // self.held)
 
         def wgrad(tag: str, out: int, inner: int) -> Op:
-            shape = GemmShape(out, inner, per_expert, batch=self.held, layout="tn")
+            shape = GemmShape(out, inner, per_expert, batch=self.held, layout="tn",
+                              row_lengths=(out, inner))
             return self._per_expert(gemm_op(f"{self.name}.{tag}", shape, num.matmul,
                                             num.act_bytes))
 
@@ -321,6 +334,7 @@ def ep_collectives(layer: Layer, phase: str, n: int, act: int, dedup_units: int 
             reachable = layer.groups_per_token * max(1, dedup_units // layer.groups)
         copies = min(copies, expected_destinations(dedup_units, layer.experts, layer.top_k,
                                                    reachable))
+    # the busiest rank receives its share of the imbalance (dispatch) and sends it back
     size = float(layer._routed(n) / layer.top_k * copies * layer.hidden * act)
     if dedup_units > 1:  # DeepEP's kernels carry the weights and the layout themselves
         return [("all_to_all", size), ("all_to_all", size)]
