@@ -232,11 +232,12 @@ def test_deepseek_v3_counts_its_published_total_and_active_parameters() -> None:
 
 @pytest.mark.parametrize(("name", "active"), [("mixtral-8x7b", 12.9e9),
                                               ("mixtral-8x22b", 39e9),
+                                              ("olmoe-1b-7b", 1.3e9),
                                               ("qwen3-30b-a3b", 3.3e9),
                                               ("deepseek-v3", 37e9)])
 def test_active_parameters_are_the_published_ones(name: str, active: float) -> None:
     """Parameters a token computes with, as the model cards state them (Mixtral's 12.9B
-    and 39B, Qwen3's A3B with its 3.3B, DeepSeek-V3's 37B)."""
+    and 39B, OLMoE's 1.3B, Qwen3's A3B with its 3.3B, DeepSeek-V3's 37B)."""
     assert zoo.get(name).active_parameters == pytest.approx(active, rel=0.03)
 
 

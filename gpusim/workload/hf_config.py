@@ -48,6 +48,10 @@ _LLAMA_LIKE: dict[str, dict[str, Any]] = {
                   "note": "the shared expert's sigmoid gate not modelled"},
     "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
                   "qk_norm": True},
+    # OlmoeAttention normalizes q and k across the whole projection, not per head: the
+    # same elements, costed per head (its two norm weights counted at head_dim)
+    "olmoe": {"experts": "num_experts", "expert_ffn": "intermediate_size", "qk_norm": True,
+              "note": "q and k norms over the whole projection costed per head"},
 }
 _OTHERS = ("gpt2", "gpt_neox", "gptj", "phi", "bert", "roberta")
 _VISION = ("vit", "clip_vision_model")  # image transformers: patches and a class token
