@@ -142,6 +142,11 @@ def parallel_assumptions(job: ParallelJob, assumed_system: bool, per_rank: bool 
                    f"the busiest expert-parallel rank computes {p.moe_imbalance:g}x the mean "
                    f"token copies and receives as many bytes; every rank waits for it at "
                    f"each all-to-all (--moe-imbalance)")
+    if p.moe_capacity:
+        out.append(f"each expert computes exactly {p.moe_capacity:g}x the mean token copies, "
+                   f"padded (--pad-to-capacity)" if p.moe_pad else
+                   f"experts drop the token copies beyond {p.moe_capacity:g}x the mean "
+                   f"(--capacity-factor): the busiest takes at most that many")
     beside = ("data-parallel collective or overlapped expert-parallel all-to-all"
               if p.ep_overlap else "data-parallel collective")
     if comm_slowdown is None:

@@ -607,3 +607,27 @@ def test_the_busiest_expert_parallel_rank_sets_the_pace() -> None:
         estimate(**base, moe_imbalance=0.9)
     with pytest.raises(InvalidConfig, match="EP size 8"):
         estimate(**base, moe_imbalance=9)
+
+
+def test_expert_capacity_drops_or_pads_the_token_copies() -> None:
+    """--capacity-factor C: an expert takes at most C x the mean copies and drops the rest,
+    which caps the busiest rank's load; with --pad-to-capacity every expert computes exactly
+    C x the mean (Megatron-LM's --moe-expert-capacity-factor and
+    --moe-pad-expert-input-to-capacity), also without expert parallelism."""
+    from gpusim.plan.expert_parallel import hold_experts
+    moe = MoE("m", 2048, 768, 128, 8, rows=4096)
+    assert hold_experts(moe, 16, imbalance=1.5, capacity=1.25).load == 1.25
+    assert hold_experts(moe, 16, imbalance=1.1, capacity=1.25).load == 1.1
+    assert hold_experts(moe, 16, imbalance=1.1, capacity=1.25, pad=True).load == 1.25
+    assert hold_experts(moe, 1, capacity=1.5, pad=True).load == 1.5
+    assert hold_experts(moe, 1, capacity=0.8).load == 0.8  # below the mean: copies dropped
+    assert hold_experts(moe, 1, capacity=2.0) is moe  # dropless in effect
+    base: dict[str, Any] = {"model": _small_moe(), "gpu": "h100-sxm", "batch_size": 8,
+                            "precision": "bf16", "num_gpus": 8, "ep": 8}
+    padded = estimate(**base, moe_capacity=2.0, moe_pad=True)
+    assert padded.step.breakdown_s["forward"] > estimate(**base).step.breakdown_s["forward"]
+    assert any("padded" in a for a in padded.assumptions)
+    with pytest.raises(InvalidConfig, match="needs --capacity-factor"):
+        estimate(**base, moe_pad=True)
+    with pytest.raises(InvalidConfig, match="positive factor"):
+        estimate(**base, moe_capacity=-1.0)

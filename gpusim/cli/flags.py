@@ -212,6 +212,13 @@ def add_job_flags(e: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                            "(default 1: balanced routing, as forced load balancing gives; "
                            "dropless runs with learned routing load some ranks more, and "
                            "every rank waits for the busiest at each all-to-all)")
+    many.add_argument("--capacity-factor", type=float, metavar="C",
+                      help="experts take at most C x the mean token copies and drop the "
+                           "rest (Megatron-LM's --moe-expert-capacity-factor; default: "
+                           "dropless)")
+    many.add_argument("--pad-to-capacity", action="store_true",
+                      help="with --capacity-factor: every expert computes exactly its "
+                           "capacity, padding (--moe-pad-expert-input-to-capacity)")
     many.add_argument("--ep-dispatcher", choices=("alltoall", "deepep", "hybridep"),
                       default="alltoall",
                       help="how tokens reach their experts: alltoall (a copy per chosen "

@@ -143,6 +143,8 @@ def build_job(
     ep_overlap: bool = False,
     ep_dispatcher: str = "alltoall",
     moe_imbalance: float = 1.0,
+    moe_capacity: float = 0.0,
+    moe_pad: bool = False,
     overlap_grad_reduce: bool = True,
     bf16_grads: bool = False,
     bf16_states: bool = False,
@@ -236,7 +238,8 @@ def build_job(
                              stage_blocks=tuple(pp_layers), shard_group=shard_group,
                              sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
                              ep_overlap=ep_overlap, ep_dispatcher=ep_dispatcher,
-                             moe_imbalance=moe_imbalance, expert_tensor_size=etp,
+                             moe_imbalance=moe_imbalance, moe_capacity=moe_capacity,
+                             moe_pad=moe_pad, expert_tensor_size=etp,
                              overlap_grad_reduce=overlap_grad_reduce)
     pjob = ParallelJob(net, topo, batch_size, config, _precision(precision, topo.gpu),
                        optimizer, checkpointing,

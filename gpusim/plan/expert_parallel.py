@@ -31,16 +31,24 @@ def check_experts(model: Model, expert: int) -> None:
 
 
 def hold_experts(layer: Layer, expert: int, all_to_all: bool = True,
-                 imbalance: float = 1.0) -> Layer:
+                 imbalance: float = 1.0, capacity: float = 0.0, pad: bool = False) -> Layer:
     """The part of ``layer`` one expert-parallel rank holds, as the busiest rank holds it
-    (``imbalance``: its token copies over the mean). Over a plain all-to-all
-    (``all_to_all``; not DeepEP's or HybridEP's per-token dispatch) the tokens it brings,
-    arranged by sending rank, are sorted by local expert where a rank holds several."""
-    if expert == 1 or not isinstance(layer, MoE):
+    (``imbalance``: its token copies over the mean). Experts with a ``capacity`` (a factor
+    of the mean, Megatron-LM's --moe-expert-capacity-factor) drop the copies beyond it, or
+    with ``pad`` compute exactly that many (--moe-pad-expert-input-to-capacity). Over a
+    plain all-to-all (``all_to_all``; not DeepEP's or HybridEP's per-token dispatch) the
+    tokens a rank receives, arranged by sending rank, are sorted by local expert where it
+    holds several."""
+    if not isinstance(layer, MoE):
         return layer
+    load = imbalance if expert > 1 else 1.0
+    if capacity:
+        load = capacity if pad else min(load, capacity)
+    if expert == 1:
+        return replace(layer, load=load) if load != 1.0 else layer
     local = layer.experts // expert
     return replace(layer, local_experts=local, sorts_by_expert=all_to_all and local > 1,
-                   imbalance=imbalance)
+                   load=load)
 
 
 def fold_experts(layer: Layer, tensor: int, expert_tensor: int) -> Layer:

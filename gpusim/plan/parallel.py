@@ -100,7 +100,8 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
     p = job.parallel
     cache = {} if cache is None else cache
     key = ("sharded", p.tensor, p.expert_tensor, p.sequence_parallel, p.context, p.expert,
-           p.ep_dispatcher in DEDUP_DISPATCHERS, p.moe_imbalance, p.pipeline > 1)
+           p.ep_dispatcher in DEDUP_DISPATCHERS, p.moe_imbalance, p.moe_capacity, p.moe_pad,
+           p.pipeline > 1)
     if key not in cache:
         lead, body, tail = job.model.partition()
         if p.pipeline > 1:
@@ -119,8 +120,8 @@ def _chunk_layers(job: ParallelJob, cache: dict[Any, Any] | None = None
         def shard(layers: list[Layer]) -> list[Layer]:
             return [hold_experts(split_sequence(shard_layer(
                 fold_experts(pad_vocab(la, multiple), p.tensor, p.expert_tensor), p.tensor,
-                p.sequence_parallel), p.context), p.expert, all_to_all, p.moe_imbalance)
-                for la in layers]
+                p.sequence_parallel), p.context), p.expert, all_to_all, p.moe_imbalance,
+                p.moe_capacity, p.moe_pad) for la in layers]
 
         cache[key] = (shard(lead), [shard(block) for block in body], shard(tail))
     lead, body, tail = cache[key]
@@ -145,7 +146,8 @@ def _split(job: ParallelJob, cache: dict[Any, Any]
     layout. All come from ``cache`` when a job of the same split was planned before."""
     p = job.parallel
     key = ("split", p.tensor, p.sequence_parallel, p.context, p.expert,
-           p.ep_dispatcher in DEDUP_DISPATCHERS, p.moe_imbalance, p.pipeline,
+           p.ep_dispatcher in DEDUP_DISPATCHERS, p.moe_imbalance, p.moe_capacity, p.moe_pad,
+           p.pipeline,
            p.virtual_stages, p.stage_blocks)
     if key not in cache:
         chunks, parts = _chunk_layers(job, cache)
@@ -240,7 +242,8 @@ def _shape(job: ParallelJob, cal: Calibration) -> tuple[Any, ...]:
     cluster and stack are the same for every job that shares a cache): first what its
     memory depends on too, then the recompute mode and the overlaps, which it does not."""
     p = job.parallel
-    memory = (p.tensor, p.context, p.expert, p.moe_imbalance, p.microbatch_size,
+    memory = (p.tensor, p.context, p.expert, p.moe_imbalance, p.moe_capacity, p.moe_pad,
+              p.microbatch_size,
               p.sequence_parallel,
               job.precision, job.master_weights, job.fsdp, job.pure_bf16, job.fp8_recipe,
               job.quantized_base, job.adapters_only, cal.name, job.whole.framework.compiled,

@@ -92,6 +92,11 @@ class ParallelConfig:
     # The busiest expert-parallel rank's token copies over the mean (--moe-imbalance; 1:
     # balanced routing, as forced load balancing gives)
     moe_imbalance: float = 1.0
+    # Experts' capacity as a factor of the mean token copies (0: dropless): copies beyond
+    # it dropped, or with moe_pad every expert fed exactly that many (Megatron-LM's
+    # --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity)
+    moe_capacity: float = 0.0
+    moe_pad: bool = False
 
     @property
     def shard_ranks(self) -> int:
@@ -164,6 +169,13 @@ class ParallelConfig:
                                 f"over the mean: from 1 (balanced) to the EP size "
                                 f"{self.expert} (every token on one rank); got "
                                 f"{self.moe_imbalance:g}")
+        if self.moe_capacity < 0:
+            raise InvalidConfig(f"--capacity-factor is a positive factor of the mean tokens "
+                                f"an expert gets (1.0: exactly the mean); got "
+                                f"{self.moe_capacity:g}")
+        if self.moe_pad and not self.moe_capacity:
+            raise InvalidConfig("--pad-to-capacity pads every expert's tokens up to its "
+                                "capacity: it needs --capacity-factor")
         if self.ep_overlap and self.expert == 1:
             raise InvalidConfig("--ep-overlap overlaps expert-parallel all-to-alls: it needs "
                                 "--ep > 1 (and a mixture-of-experts model)")
@@ -226,6 +238,9 @@ class ParallelConfig:
             text += f", {self.ep_dispatcher} dispatch"
         if self.expert > 1 and self.moe_imbalance != 1.0:
             text += f", busiest EP rank at {self.moe_imbalance:g}x the mean tokens"
+        if self.moe_capacity:
+            text += (f", experts {'padded' if self.moe_pad else 'capped'} at "
+                     f"{self.moe_capacity:g}x the mean tokens")
         return text
 
 

@@ -70,10 +70,11 @@ class MoE(Layer):
     # Whether a plain all-to-all dispatch sends each copy's routing weight in an all-to-all
     # of its own, forward and backward (Megatron-LM's alltoall dispatcher)
     dispatches_probs: bool = False
-    # Under expert parallelism, the token copies the busiest rank's experts compute over the
-    # mean (1: balanced routing). Every rank waits for it at each all-to-all, so its expert
-    # work and the bytes it receives set the pace; --moe-imbalance
-    imbalance: float = 1.0
+    # The token copies this rank's experts compute over the mean: the busiest rank's under
+    # uneven routing (--moe-imbalance; every rank waits for it at each all-to-all, so its
+    # expert work and the bytes it receives set the pace), the capacity where experts drop
+    # tokens beyond it or pad up to it (--capacity-factor). 1: balanced and dropless
+    load: float = 1.0
 
     @property
     def held(self) -> int:
@@ -139,9 +140,9 @@ class MoE(Layer):
 
     def _routed(self, n: int) -> int:
         """Token copies this rank's experts compute (every rank's, routed to them): the
-        mean, or the busiest rank's under ``imbalance``."""
+        mean, or as many more or fewer as ``load`` says."""
         copies = self._sent(n)
-        return math.ceil(copies * self.imbalance) if self.ep > 1 else copies
+        return math.ceil(copies * self.load) if self.load != 1.0 else copies
 
     def _expert(self, tag: str, n: int, out: int, inner: int, layout: str,
                 num: Numerics) -> Op:
@@ -334,7 +335,7 @@ def ep_collectives(layer: Layer, phase: str, n: int, act: int, dedup_units: int 
             reachable = layer.groups_per_token * max(1, dedup_units // layer.groups)
         copies = min(copies, expected_destinations(dedup_units, layer.experts, layer.top_k,
                                                    reachable))
-    # the busiest rank receives its share of the imbalance (dispatch) and sends it back
+    # the busiest rank receives its load (dispatch) and sends it back
     size = float(layer._routed(n) / layer.top_k * copies * layer.hidden * act)
     if dedup_units > 1:  # DeepEP's kernels carry the weights and the layout themselves
         return [("all_to_all", size), ("all_to_all", size)]
