@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpusim.cli import main
-from gpusim.errors import InvalidConfig
+from gpusim.errors import GpusimError, InvalidConfig
 from gpusim.estimation import build_job, estimate
 from gpusim.hardware.profile import GPUProfile
 from gpusim.plan.parallel import plan_parallel
@@ -631,3 +631,29 @@ def test_expert_capacity_drops_or_pads_the_token_copies() -> None:
         estimate(**base, moe_pad=True)
     with pytest.raises(InvalidConfig, match="positive factor"):
         estimate(**base, moe_capacity=-1.0)
+
+
+def test_every_nth_block_can_hold_the_experts() -> None:
+    """--moe-every N (Megatron-LM's --moe-layer-freq N, Qwen2-MoE's decoder_sparse_step):
+    block i is sparse when (i + 1) % N == 0, the others keep a dense MLP of ffn_hidden."""
+    from gpusim.workload.hf_config import transformer_from_hf
+    cfg = TransformerConfig(layers=4, hidden=256, heads=4, ffn_hidden=1024, vocab=1000,
+                            seq_len=64, norm="rmsnorm", activation="swiglu",
+                            positions="rotary", experts=8, top_k=2, moe_ffn=128,
+                            moe_every=2)
+    model = build_transformer(cfg)
+    sparse = [la.block for la in model.layers if isinstance(la, MoE)]
+    assert sparse == ["h.1", "h.3"]
+    assert sum(la.name.endswith("mlp.up") for la in model.layers) == 2
+    qwen2_moe = transformer_from_hf({
+        "model_type": "qwen2_moe", "hidden_size": 256, "intermediate_size": 1024,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 1000,
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+        "decoder_sparse_step": 2}, "qwen2_moe")
+    assert qwen2_moe.moe_every == 2
+    with pytest.raises(GpusimError, match="mlp_only_layers"):
+        transformer_from_hf({"model_type": "qwen2_moe", "hidden_size": 256,
+                             "intermediate_size": 1024, "num_hidden_layers": 4,
+                             "num_attention_heads": 4, "vocab_size": 1000, "num_experts": 8,
+                             "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+                             "mlp_only_layers": [0]}, "qwen2_moe")

@@ -68,7 +68,8 @@ def add_parsers(sub: Any) -> None:
 _ARCHITECTURE = {"head_dim": "head_dim", "mlp": "activation", "norm": "norm",
                  "position": "positions", "tie_embeddings": "tied_embeddings", "bias": "bias",
                  "experts": "experts", "top_k": "top_k", "expert_ffn_hidden": "moe_ffn",
-                 "shared_ffn_hidden": "shared_ffn", "dense_layers": "dense_layers"}
+                 "shared_ffn_hidden": "shared_ffn", "dense_layers": "dense_layers",
+                 "moe_every": "moe_every"}
 
 
 def torch_model(spec: str, args: argparse.Namespace) -> Model | None:

@@ -257,5 +257,9 @@ def add_transformer_flags(p: argparse.ArgumentParser) -> None:
     dims.add_argument("--shared-ffn-hidden", type=numbers.count,
                       help="shared experts' hidden width in all, run for every token "
                            "(DeepSeek, Qwen2-MoE; default none)")
+    dims.add_argument("--moe-every", type=numbers.count,
+                      help="with --experts: every N-th block has experts, the others a dense "
+                           "MLP of --ffn-hidden (Megatron-LM's --moe-layer-freq N; default 1: "
+                           "every block)")
     dims.add_argument("--dense-layers", type=numbers.count0,
                       help="with --experts: the first blocks keep a dense MLP (DeepSeek)")

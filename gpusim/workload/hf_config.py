@@ -213,14 +213,17 @@ def _window(f: _Fields, family: dict[str, Any]) -> dict[str, Any]:
 
 
 def _experts(f: _Fields, family: dict[str, Any], source: str) -> dict[str, Any]:
-    """A mixture-of-experts family's expert fields; every block must be sparse."""
-    if f.count("decoder_sparse_step", default=1) != 1 or f.data.get("mlp_only_layers"):
-        raise InvalidModel(f"{source}: dense blocks among the sparse ones (decoder_sparse_step "
-                           f"or mlp_only_layers) are not modelled; every block must have "
-                           f"experts")
+    """A mixture-of-experts family's expert fields: every decoder_sparse_step-th block
+    sparse (Qwen2-MoE's rule, (i + 1) % step == 0), the others dense; a list of dense
+    blocks (mlp_only_layers) is not modelled."""
+    if f.data.get("mlp_only_layers"):
+        raise InvalidModel(f"{source}: a list of dense blocks among the sparse ones "
+                           f"(mlp_only_layers) is not modelled; every decoder_sparse_step-th "
+                           f"block sparse is")
     fields: dict[str, Any] = {"experts": f.need(family["experts"]),
                               "top_k": f.need("num_experts_per_tok"),
-                              "moe_ffn": f.need(family["expert_ffn"])}
+                              "moe_ffn": f.need(family["expert_ffn"]),
+                              "moe_every": f.count("decoder_sparse_step", default=1) or 1}
     if "shared_ffn" in family:
         fields["shared_ffn"] = f.count(family["shared_ffn"], default=0) or 0
     return fields

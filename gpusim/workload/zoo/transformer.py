@@ -88,6 +88,10 @@ class TransformerConfig(BaseModel):
     top_k: PosInt = 2
     moe_ffn: PosInt | None = None
     shared_ffn: int = Field(0, ge=0)
+    # Every moe_every-th block has experts, the others a dense MLP of ffn_hidden (Megatron-
+    # LM's --moe-layer-freq N, Qwen2-MoE's decoder_sparse_step, Llama 4's
+    # interleave_moe_layer_step): block i (from 0) is sparse when (i + 1) % moe_every == 0
+    moe_every: PosInt = 1
     dense_layers: int = Field(0, ge=0, description="with experts: the first blocks keep a "
                                                    "dense MLP of ffn_hidden (DeepSeek)")
     # Group-limited routing (DeepSeek-V3's n_group, topk_group): the experts in
@@ -237,7 +241,7 @@ def build_transformer(cfg: TransformerConfig, seq_len: int | None = None) -> Mod
             _split(act(f"{b}.mlp.act", s * cfg.ffn, block=b), "sharded"),
             Linear(f"{b}.mlp.down", cfg.ffn, h, s, cfg.bias, block=b, tp="row"),
         ]
-        if cfg.experts and i >= cfg.dense_layers:
+        if cfg.experts and i >= cfg.dense_layers and (i + 1) % cfg.moe_every == 0:
             mlp = [MoE(f"{b}.moe", h, cfg.moe_ffn or cfg.ffn, cfg.experts, cfg.top_k, s,
                        gated=gated, shared_ffn=cfg.shared_ffn, block=b, tp="sharded",
                        groups=cfg.expert_groups, groups_per_token=cfg.groups_per_token)]
