@@ -25,6 +25,7 @@ from gpusim.workload.attention import Attention, CrossEntropy
 from gpusim.workload.layers import Elementwise, Layer
 from gpusim.workload.model import Model
 from gpusim.workload.moe import HostSync, MoE
+from gpusim.workload.rotary import RopeImplementation
 
 DEFAULT_STACK = "pytorch"
 # Fused kernels that write their output as (batch, seq, heads, dim), so the output
@@ -133,11 +134,11 @@ class Stack(BaseModel):
     # came from. Cited in ``sources`` where set.
     moe_dispatch_probs: bool = False
     # how the model's rotary position embeddings are applied to queries and keys
-    # (gpusim.workload.attention.ROPE_IMPLEMENTATIONS): one fused kernel each way, the
+    # (gpusim.workload.rotary.ROPE_IMPLEMENTATIONS): one fused kernel each way, the
     # complex product in fp32 of Meta's Llama, Hugging Face's rotate_half in 16 bits, or
     # torchtune's fp32 real pairs; under torch.compile one generated kernel whatever the
     # code. Cited in ``sources``.
-    rope: Literal["fused", "complex", "rotate_half", "real_pairs"] = "rotate_half"
+    rope: RopeImplementation = "rotate_half"
     sources: dict[str, str]
 
     @model_validator(mode="after")

@@ -11,9 +11,10 @@ import pytest
 
 from gpusim.measure import results
 from gpusim.stack import apply_stack, load_stack
-from gpusim.workload.attention import ROPE_IMPLEMENTATIONS, Attention, rope_kernels
+from gpusim.workload.attention import Attention
 from gpusim.workload.hf_config import transformer_from_hf
 from gpusim.workload.numerics import Numerics
+from gpusim.workload.rotary import ROPE_IMPLEMENTATIONS, rope_kernels
 from gpusim.workload.zoo.transformer import TransformerConfig, build_transformer
 
 BF16 = Numerics("bf16", "bf16", "bf16")
